@@ -1,0 +1,57 @@
+package jobs
+
+import "errors"
+
+// Sentinel errors of this package. Callers test them with errors.Is; the
+// returned errors wrap them with the operation and job ID.
+var (
+	// ErrNotFound: no job row with that ID exists.
+	ErrNotFound = errors.New("job not found")
+
+	// ErrClaimLost: the claim matched 0 rows because another worker claimed
+	// the same generation first, or the job is no longer QUEUED/PROCESSING.
+	ErrClaimLost = errors.New("claim lost: the job was claimed by another attempt or is terminal")
+
+	// ErrStaleWorker: a fenced write named a generation that is no longer the
+	// job's: a newer attempt claimed it. Code "stale_worker".
+	ErrStaleWorker = errors.New("stale worker: the job was claimed by a newer attempt")
+
+	// ErrJobTerminal: a fenced write found the job COMPLETED or FAILED (for
+	// example reaped). Code "job_terminal".
+	ErrJobTerminal = errors.New("job is terminal: it was completed, failed or reaped")
+
+	// ErrTokenConflict: a batch token was recorded before with another
+	// expected cursor or count. Code "token_conflict".
+	ErrTokenConflict = errors.New("batch token was recorded with other content")
+
+	// ErrCursorMismatch: Advance's expected cursor is not the stored cursor.
+	// Code "cursor_mismatch".
+	ErrCursorMismatch = errors.New("expected cursor does not match the stored cursor")
+
+	// ErrOutOfRange: cursor + count would pass total, or SetTotal would go
+	// below the cursor. Code "out_of_range".
+	ErrOutOfRange = errors.New("cursor would pass the job's total")
+
+	// ErrNoLease: the context carries no lease; the handler did not run
+	// under the start guard.
+	ErrNoLease = errors.New("no lease in context: the handler must run under the start guard")
+)
+
+// ErrorCode returns the stable code of a fencing or progress error, for
+// events, metrics and logs: stale_worker, job_terminal, token_conflict,
+// cursor_mismatch, out_of_range; "" for any other error.
+func ErrorCode(err error) string {
+	switch {
+	case errors.Is(err, ErrStaleWorker):
+		return "stale_worker"
+	case errors.Is(err, ErrJobTerminal):
+		return "job_terminal"
+	case errors.Is(err, ErrTokenConflict):
+		return "token_conflict"
+	case errors.Is(err, ErrCursorMismatch):
+		return "cursor_mismatch"
+	case errors.Is(err, ErrOutOfRange):
+		return "out_of_range"
+	}
+	return ""
+}

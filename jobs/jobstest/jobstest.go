@@ -1,0 +1,184 @@
+// Package jobstest gives each test its own PostgreSQL schema with
+// jobreaper's tables migrated, dropped again when the test ends. Tests that
+// use it run in parallel without seeing each other's rows.
+package jobstest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// DatabaseURLDefault is the test database used when
+// JOBREAPER_TEST_DATABASE_URL is unset.
+const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// DatabaseURL returns the test database URL: JOBREAPER_TEST_DATABASE_URL or
+// DatabaseURLDefault.
+func DatabaseURL() string {
+	if u := os.Getenv("JOBREAPER_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DatabaseURLDefault
+}
+
+// DB is one test's schema.
+type DB struct {
+	// Pool's connections use Schema as their search_path.
+	Pool   *pgxpool.Pool
+	Schema string
+	// URL is DatabaseURL with search_path set to Schema, for code under test
+	// that connects by itself (the CLI).
+	URL string
+}
+
+// New creates a fresh schema named after t, migrates it, and registers its
+// removal with t.Cleanup. It fails the test (never skips it) when PostgreSQL
+// is not reachable, saying what to start.
+func New(t testing.TB) *DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	schema := SchemaName(t)
+	pool, err := jobs.Connect(ctx, DatabaseURL(), schema)
+	if err != nil {
+		t.Fatalf("PostgreSQL for tests is not reachable (%v); start it (see README, \"Running the tests\") or set JOBREAPER_TEST_DATABASE_URL", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		admin, err := pgx.Connect(context.Background(), DatabaseURL())
+		if err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+			return
+		}
+		defer admin.Close(context.Background())
+		if _, err := admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	if _, err := jobs.Migrate(ctx, pool, schema); err != nil {
+		t.Fatalf("migrating test schema %s: %v", schema, err)
+	}
+	sep := "?"
+	if strings.Contains(DatabaseURL(), "?") {
+		sep = "&"
+	}
+	return &DB{Pool: pool, Schema: schema, URL: DatabaseURL() + sep + "search_path=" + schema}
+}
+
+// SchemaName returns a unique schema name derived from the test's name.
+func SchemaName(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + ('a' - 'A')
+		}
+		return '_'
+	}, t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return "t_" + name + "_" + hex.EncodeToString(b[:])
+}
+
+// Exec runs sql with args on the test schema and fails the test on error.
+func (d *DB) Exec(t testing.TB, sql string, args ...any) {
+	t.Helper()
+	if _, err := d.Pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("exec %q: %v", sql, err)
+	}
+}
+
+// JobType inserts a job_types row. stall and hard may be "" for NULL; all
+// three are PostgreSQL interval literals such as "30 minutes".
+func (d *DB) JobType(t testing.TB, name, maxRuntime, stall, hard string) {
+	t.Helper()
+	d.Exec(t, `INSERT INTO job_types (name, max_runtime, stall_timeout, hard_timeout)
+VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, name, maxRuntime, stall, hard)
+}
+
+// Job describes a jobs row for Insert. Zero fields take the column default.
+type Job struct {
+	ID, Type string
+	// Status defaults to PROCESSING.
+	Status     string
+	Generation int64
+	Queue      string
+	ParentID   string
+	TenantID   string
+	Worker     string
+	// StartedAgo and IdleAgo place started_at and updated_at that far before
+	// now(); a nil StartedAgo leaves started_at NULL.
+	StartedAgo *time.Duration
+	IdleAgo    time.Duration
+	Total      *int64
+	Cursor     int64
+}
+
+// Ago is a convenience for Job.StartedAgo.
+func Ago(d time.Duration) *time.Duration { return &d }
+
+// Insert inserts j, failing the test on error.
+func (d *DB) Insert(t testing.TB, j Job) {
+	t.Helper()
+	if j.Status == "" {
+		j.Status = jobs.StatusProcessing
+	}
+	var started any
+	if j.StartedAgo != nil {
+		started = jobs.Interval(*j.StartedAgo)
+	}
+	d.Exec(t, `INSERT INTO jobs (id, type, status, generation, queue, parent_id, tenant_id, worker,
+                  started_at, updated_at, total, "cursor")
+VALUES ($1, $2, $3, $4, nullif($5, ''), nullif($6, ''), nullif($7, ''), nullif($8, ''),
+        now() - $9::interval, now() - $10::interval, $11, $12)`,
+		j.ID, j.Type, j.Status, j.Generation, j.Queue, j.ParentID, j.TenantID, j.Worker,
+		started, jobs.Interval(j.IdleAgo), j.Total, j.Cursor)
+}
+
+// Row is the part of a jobs row tests assert on.
+type Row struct {
+	Status        string
+	Generation    int64
+	FailureReason string
+	UpdatedAt     time.Time
+	Cursor        int64
+	Worker        string
+}
+
+// Read returns job id's row, failing the test when it is missing.
+func (d *DB) Read(t testing.TB, id string) Row {
+	t.Helper()
+	var r Row
+	err := d.Pool.QueryRow(context.Background(), `SELECT status, generation, coalesce(failure_reason, ''),
+       updated_at, "cursor", coalesce(worker, '') FROM jobs WHERE id = $1`, id).
+		Scan(&r.Status, &r.Generation, &r.FailureReason, &r.UpdatedAt, &r.Cursor, &r.Worker)
+	if err != nil {
+		t.Fatalf("reading job %s: %v", id, err)
+	}
+	return r
+}
+
+// Events returns how many job_events of kind job id has.
+func (d *DB) Events(t testing.TB, id, kind string) int {
+	t.Helper()
+	var n int
+	if err := d.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM job_events WHERE job_id = $1 AND kind = $2`, id, kind).Scan(&n); err != nil {
+		t.Fatalf("counting %s events of %s: %v", kind, id, err)
+	}
+	return n
+}

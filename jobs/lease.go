@@ -1,0 +1,63 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Lease is what a claim returns: the identity of one attempt. Every fenced
+// write names its JobID and Generation.
+type Lease struct {
+	// JobID is the job's ID, which is also its asynq task ID.
+	JobID string
+	// Generation is the fencing token of this attempt: the job's generation
+	// after the claim incremented it.
+	Generation int64
+	// Worker names the process that claimed the attempt.
+	Worker string
+	// Type is the job's type (a job_types name).
+	Type string
+	// Queue, ParentID and TenantID are copied from the row ("" when NULL).
+	Queue, ParentID, TenantID string
+	// Cursor is where resumable progress stood at the claim: the next
+	// attempt resumes here.
+	Cursor int64
+	// Total is the number of items the job covers (0 when the row has none).
+	Total int64
+	// StartedAt is the attempt's start on the database clock.
+	StartedAt time.Time
+}
+
+// FencingToken returns "<job id>:<generation>". It changes with every
+// attempt: give it to other systems that must refuse writes of an older
+// attempt.
+func (l Lease) FencingToken() string {
+	return l.JobID + ":" + strconv.FormatInt(l.Generation, 10)
+}
+
+// IdempotencyKey returns "<job id>:<step>". It is the same for every attempt
+// of the job: give it to an external API (a model call, a payment) so that a
+// retried attempt is not billed twice for the same step.
+func (l Lease) IdempotencyKey(step string) string {
+	return fmt.Sprintf("%s:%s", l.JobID, step)
+}
+
+type leaseKey struct{}
+
+// WithLease returns a copy of ctx that carries lease. The start guard calls
+// it before running the handler.
+func WithLease(ctx context.Context, lease Lease) context.Context {
+	return context.WithValue(ctx, leaseKey{}, lease)
+}
+
+// LeaseFromContext returns the lease the start guard put into ctx, or
+// ErrNoLease when the handler did not run under the guard.
+func LeaseFromContext(ctx context.Context) (Lease, error) {
+	l, ok := ctx.Value(leaseKey{}).(Lease)
+	if !ok {
+		return Lease{}, ErrNoLease
+	}
+	return l, nil
+}

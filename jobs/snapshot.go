@@ -1,0 +1,164 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Job statuses, as stored in jobs.status.
+const (
+	StatusQueued     = "QUEUED"
+	StatusProcessing = "PROCESSING"
+	StatusCompleted  = "COMPLETED"
+	StatusFailed     = "FAILED"
+)
+
+// LoadBatchSize is how many job IDs one LoadForTasks query names (= ANY($1));
+// larger sets are split so that no single statement grows without bound.
+const LoadBatchSize = 5000
+
+// Snapshot is a job row as read, together with its type's limits. The
+// reaper decides on it, and its reap repeats Status, Generation and
+// UpdatedAt in the compare-and-set.
+type Snapshot struct {
+	ID, Type, Status string
+	Generation       int64
+	// Worker, Queue, ParentID are "" when NULL.
+	Worker, Queue, ParentID string
+	// StartedAt is nil when the row has no start time (never claimed).
+	StartedAt *time.Time
+	UpdatedAt time.Time
+	// FailureReason is "" when NULL.
+	FailureReason string
+	// Limits is nil when no job_types row has the job's type.
+	Limits *Limits
+}
+
+// Limits is a job_types row.
+type Limits struct {
+	// MaxRuntime is the soft limit; intervals convert with 30-day months and
+	// 24-hour days, as PostgreSQL compares them.
+	MaxRuntime time.Duration
+	// StallTimeout is nil when NULL (the daemon default applies).
+	StallTimeout *time.Duration
+	// HardTimeout is nil when NULL (HardTimeoutDefault applies).
+	HardTimeout *time.Duration
+	// AutoComplete: a handler returning nil without Complete completes the job.
+	AutoComplete bool
+}
+
+const snapshotColumns = `
+    j.id, j.type, j.status, j.generation, coalesce(j.worker, ''), coalesce(j.queue, ''),
+    coalesce(j.parent_id, ''), j.started_at, j.updated_at, coalesce(j.failure_reason, ''),
+    t.name IS NOT NULL, t.max_runtime, t.stall_timeout, t.hard_timeout, coalesce(t.auto_complete, false)`
+
+// LoadForTasks reads the job rows with the given IDs and their type limits,
+// in queries of at most LoadBatchSize IDs each (never one query per task).
+// IDs without a row are absent from the result map.
+func (s *Store) LoadForTasks(ctx context.Context, ids []string) (map[string]Snapshot, error) {
+	out := make(map[string]Snapshot, len(ids))
+	for start := 0; start < len(ids); start += LoadBatchSize {
+		end := min(start+LoadBatchSize, len(ids))
+		if err := s.loadBatch(ctx, ids[start:end], out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) loadBatch(ctx context.Context, ids []string, out map[string]Snapshot) error {
+	ctx, done := s.op(ctx, "LoadForTasks")
+	rows, err := s.db.Query(ctx, `SELECT `+snapshotColumns+`
+  FROM jobs j LEFT JOIN job_types t ON t.name = j.type
+ WHERE j.id = ANY($1)`, ids)
+	if err != nil {
+		return done(err)
+	}
+	snaps, err := pgx.CollectRows(rows, scanSnapshot)
+	if err != nil {
+		return done(err)
+	}
+	for _, sn := range snaps {
+		out[sn.ID] = sn
+	}
+	return done(nil)
+}
+
+// Get reads one job row and its type limits. It returns an error wrapping
+// ErrNotFound when no row has that ID.
+func (s *Store) Get(ctx context.Context, id string) (Snapshot, error) {
+	ctx, done := s.op(ctx, "Get")
+	rows, err := s.db.Query(ctx, `SELECT `+snapshotColumns+`
+  FROM jobs j LEFT JOIN job_types t ON t.name = j.type
+ WHERE j.id = $1`, id)
+	if err != nil {
+		return Snapshot{}, done(err)
+	}
+	sn, err := pgx.CollectExactlyOneRow(rows, scanSnapshot)
+	if err != nil {
+		return Snapshot{}, done(fmt.Errorf("job %s: %w", id, err))
+	}
+	return sn, done(nil)
+}
+
+func scanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
+	var (
+		sn                    Snapshot
+		started               pgtype.Timestamptz
+		known, auto           bool
+		maxRun, stall, hardTO pgtype.Interval
+	)
+	err := row.Scan(&sn.ID, &sn.Type, &sn.Status, &sn.Generation, &sn.Worker, &sn.Queue,
+		&sn.ParentID, &started, &sn.UpdatedAt, &sn.FailureReason,
+		&known, &maxRun, &stall, &hardTO, &auto)
+	if err != nil {
+		return sn, err
+	}
+	if started.Valid {
+		t := started.Time
+		sn.StartedAt = &t
+	}
+	if known {
+		sn.Limits = &Limits{
+			MaxRuntime:   IntervalDuration(maxRun),
+			StallTimeout: optionalDuration(stall),
+			HardTimeout:  optionalDuration(hardTO),
+			AutoComplete: auto,
+		}
+	}
+	return sn, nil
+}
+
+// IntervalDuration converts a PostgreSQL interval the way PostgreSQL
+// compares intervals: a month is 30 days and a day is 24 hours.
+func IntervalDuration(iv pgtype.Interval) time.Duration {
+	const day = 24 * time.Hour
+	return time.Duration(iv.Microseconds)*time.Microsecond +
+		time.Duration(iv.Days)*day + time.Duration(iv.Months)*30*day
+}
+
+// Interval converts d to a PostgreSQL interval parameter (microseconds).
+func Interval(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
+}
+
+func optionalDuration(iv pgtype.Interval) *time.Duration {
+	if !iv.Valid {
+		return nil
+	}
+	d := IntervalDuration(iv)
+	return &d
+}
+
+// Now returns the database clock's now(). The reaper takes one reading per
+// pass and never compares against the host clock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	ctx, done := s.op(ctx, "Now")
+	var now time.Time
+	err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, done(err)
+}

@@ -1,0 +1,99 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// OpTimeoutDefault bounds every single statement or transaction this package
+// runs, so that a hung PostgreSQL turns into an error the caller can retry
+// next cycle instead of a stuck pass.
+const OpTimeoutDefault = 10 * time.Second
+
+// DB is what Store needs from PostgreSQL: *pgxpool.Pool satisfies it, and so
+// does pgx.Tx (Begin opens a savepoint), which lets tests run a whole
+// scenario inside one transaction whose now() does not move.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Store runs jobreaper's statements against one schema (chosen by the
+// connection's search_path, see Connect).
+type Store struct {
+	db        DB
+	opTimeout time.Duration
+	cascades  Cascades
+}
+
+// StoreOption configures a Store.
+type StoreOption func(*Store)
+
+// WithOpTimeout sets the timeout of each operation (default OpTimeoutDefault).
+func WithOpTimeout(d time.Duration) StoreOption {
+	return func(s *Store) {
+		if d > 0 {
+			s.opTimeout = d
+		}
+	}
+}
+
+// WithCascades makes the Store run each job type's on_failed and
+// on_completed statements inside the transaction that changes a job of that
+// type. The cascades must have been prepared with Cascades.Validate.
+func WithCascades(c Cascades) StoreOption {
+	return func(s *Store) { s.cascades = c }
+}
+
+// NewStore returns a Store over db.
+func NewStore(db DB, opts ...StoreOption) *Store {
+	s := &Store{db: db, opTimeout: OpTimeoutDefault}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// DB returns the database handle the Store runs on.
+func (s *Store) DB() DB { return s.db }
+
+// op gives one operation its own timeout. Its done func maps the error: it
+// names the operation, says when the operation's own timeout fired (still
+// wrapping context.DeadlineExceeded), and turns pgx.ErrNoRows into
+// ErrNotFound.
+func (s *Store) op(ctx context.Context, name string) (context.Context, func(error) error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	return ctx, func(err error) error {
+		defer cancel()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("jobs.%s: %w", name, ErrNotFound)
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return fmt.Errorf("jobs.%s timed out after %s: %w", name, s.opTimeout, err)
+		}
+		return fmt.Errorf("jobs.%s: %w", name, err)
+	}
+}
+
+// inTx runs fn in a transaction on s.db and commits it when fn returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
