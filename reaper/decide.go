@@ -1,0 +1,105 @@
+package reaper
+
+import (
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// SkipReason says why a pass left a job alone. The values are stable: they
+// label metrics and the "skipped" object of `run --once --output json`.
+type SkipReason string
+
+// Skip reasons of Decide, in the order Decide checks them.
+const (
+	// SkipNoRow: an active task whose ID has no jobs row.
+	SkipNoRow SkipReason = "no_row"
+	// SkipNotProcessing: the row is QUEUED, COMPLETED or FAILED.
+	SkipNotProcessing SkipReason = "not_processing"
+	// SkipNoStartTime: the row is PROCESSING but started_at is NULL (it was
+	// never claimed through the start guard), so its runtime is unknown.
+	SkipNoStartTime SkipReason = "no_start_time"
+	// SkipUnknownType: no job_types row names the job's type.
+	SkipUnknownType SkipReason = "unknown_type"
+	// SkipBadLimits: the type's limits cannot be applied safely: its stall
+	// timeout is below 2 x heartbeat interval + scan interval (a live
+	// worker would be reaped between two heartbeats, CASES B15), or its
+	// hard_timeout is not longer than max_runtime + stall timeout (asynq
+	// would cancel and retry the task before the reaper could see it).
+	SkipBadLimits SkipReason = "bad_limits"
+	// SkipWithinLimit: runtime has not exceeded the type's max_runtime.
+	SkipWithinLimit SkipReason = "within_limit"
+	// SkipProgressing: runtime exceeded max_runtime but updated_at moved
+	// within the stall timeout.
+	SkipProgressing SkipReason = "progressing"
+)
+
+// Skip reasons the pass adds around Decide.
+const (
+	// SkipNoJobID: an active entry whose task hash is gone lists with an
+	// empty task ID; there is no job to decide on.
+	SkipNoJobID SkipReason = "no_job_id"
+	// SkipChangedSinceRead: Decide said reap but the compare-and-set
+	// changed 0 rows: the job progressed, was reclaimed or finished, or its
+	// type's limits were raised after the read.
+	SkipChangedSinceRead SkipReason = "changed_since_read"
+)
+
+// Verdict is Decide's answer with the values it compared, for logs and the
+// reaped event.
+type Verdict struct {
+	// Reap is true when the job is stalled; Skip is then "".
+	Reap bool
+	Skip SkipReason
+	// Runtime is now - started_at; Idle is now - updated_at.
+	Runtime, Idle time.Duration
+	// MaxRuntime and StallTimeout are the limits applied (StallTimeout is the
+	// type's, or the daemon default when the type's is NULL).
+	MaxRuntime, StallTimeout time.Duration
+}
+
+// Decide is the stall rule in Go, with no I/O: a job is stalled when it is
+// PROCESSING with a start time, its type's limits are sane, its runtime
+// (now - started_at) exceeds max_runtime, and its idle time (now -
+// updated_at) is at least the stall timeout. now must be the database
+// clock's reading (jobs.Store.Now), since started_at and updated_at were
+// written by it. snap is nil when the task has no row.
+//
+// jobs.StallPredicate states the same rule in SQL; the boundary table in
+// decide_test.go holds the two to the same answers.
+func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
+	switch {
+	case snap == nil:
+		return Verdict{Skip: SkipNoRow}
+	case snap.Status != jobs.StatusProcessing:
+		return Verdict{Skip: SkipNotProcessing}
+	case snap.StartedAt == nil:
+		return Verdict{Skip: SkipNoStartTime, Idle: now.Sub(snap.UpdatedAt)}
+	case snap.Limits == nil:
+		return Verdict{Skip: SkipUnknownType, Runtime: now.Sub(*snap.StartedAt), Idle: now.Sub(snap.UpdatedAt)}
+	}
+	v := Verdict{
+		Runtime:      now.Sub(*snap.StartedAt),
+		Idle:         now.Sub(snap.UpdatedAt),
+		MaxRuntime:   snap.Limits.MaxRuntime,
+		StallTimeout: rule.DefaultStallTimeout,
+	}
+	if snap.Limits.StallTimeout != nil {
+		v.StallTimeout = *snap.Limits.StallTimeout
+	}
+	hard := rule.DefaultHardTimeout
+	if snap.Limits.HardTimeout != nil {
+		hard = *snap.Limits.HardTimeout
+	}
+	switch {
+	case v.StallTimeout < rule.MinStallTimeout || hard <= v.MaxRuntime+v.StallTimeout:
+		v.Skip = SkipBadLimits
+	case v.Runtime <= v.MaxRuntime:
+		v.Skip = SkipWithinLimit
+	case v.Idle < v.StallTimeout:
+		v.Skip = SkipProgressing
+	default:
+		v.Reap = true
+	}
+	return v
+}

@@ -1,0 +1,143 @@
+package reaper_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/reaper"
+)
+
+// baselineRule is CASES.md's baseline: stall timeout 15 min, heartbeat 5
+// min, interval 1 min, so the smallest sane stall timeout is 11 min.
+var baselineRule = jobs.StallRule{
+	DefaultStallTimeout: 15 * time.Minute,
+	MinStallTimeout:     11 * time.Minute,
+	DefaultHardTimeout:  jobs.HardTimeoutDefault,
+}
+
+const us = time.Microsecond
+
+// boundaryCase is one row of the table that Decide and the reap UPDATE must
+// answer alike.
+type boundaryCase struct {
+	name string
+	// Interval literals of the job_types row ("" = NULL); no row when
+	// maxRuntime is "".
+	maxRuntime, stall, hard string
+	status                  string // default PROCESSING
+	noStart                 bool
+	runtime, idle           time.Duration
+	want                    reaper.SkipReason // "" = reap
+}
+
+var boundaryTable = []boundaryCase{
+	{name: "RuntimeEqualToLimit", maxRuntime: "30 minutes", runtime: 30 * time.Minute, idle: 20 * time.Minute, want: reaper.SkipWithinLimit},
+	{name: "RuntimeJustUnderLimit", maxRuntime: "30 minutes", runtime: 30*time.Minute - us, idle: 20 * time.Minute, want: reaper.SkipWithinLimit},
+	{name: "RuntimeJustOverLimit", maxRuntime: "30 minutes", runtime: 30*time.Minute + us, idle: 20 * time.Minute},
+	{name: "IdleEqualToDefaultStall", maxRuntime: "30 minutes", runtime: 31 * time.Minute, idle: 15 * time.Minute},
+	{name: "IdleJustUnderDefaultStall", maxRuntime: "30 minutes", runtime: 31 * time.Minute, idle: 15*time.Minute - us, want: reaper.SkipProgressing},
+	{name: "IdleJustOverDefaultStall", maxRuntime: "30 minutes", runtime: 31 * time.Minute, idle: 15*time.Minute + us},
+	{name: "TypeStallEqual", maxRuntime: "60 minutes", stall: "20 minutes", runtime: 61 * time.Minute, idle: 20 * time.Minute},
+	{name: "TypeStallJustUnder", maxRuntime: "60 minutes", stall: "20 minutes", runtime: 61 * time.Minute, idle: 20*time.Minute - us, want: reaper.SkipProgressing},
+	{name: "TypeStallEqualToMinimumIsSane", maxRuntime: "60 minutes", stall: "11 minutes", runtime: 61 * time.Minute, idle: 11 * time.Minute},
+	{name: "TypeStallJustUnderMinimumIsBadLimits", maxRuntime: "60 minutes", stall: "00:10:59.999999", runtime: 2 * time.Hour, idle: time.Hour, want: reaper.SkipBadLimits},
+	{name: "TypeStallOfOneHeartbeatIsBadLimits", maxRuntime: "120 minutes", stall: "5 minutes", runtime: 3 * time.Hour, idle: 5 * time.Minute, want: reaper.SkipBadLimits},
+	{name: "HardTimeoutEqualToLimitPlusStallIsBadLimits", maxRuntime: "30 minutes", hard: "45 minutes", runtime: 44 * time.Minute, idle: 20 * time.Minute, want: reaper.SkipBadLimits},
+	{name: "HardTimeoutJustOverLimitPlusStall", maxRuntime: "30 minutes", hard: "00:45:00.000001", runtime: 44 * time.Minute, idle: 20 * time.Minute},
+	{name: "HardTimeoutTooShortForTypeStall", maxRuntime: "30 minutes", stall: "30 minutes", hard: "1 hour", runtime: 59 * time.Minute, idle: 40 * time.Minute, want: reaper.SkipBadLimits},
+	{name: "NullHardTimeoutIsTwentyFourHours", maxRuntime: "23 hours 50 minutes", runtime: 23*time.Hour + 55*time.Minute, idle: 20 * time.Minute, want: reaper.SkipBadLimits},
+	{name: "DayIntervalsCompareAsTwentyFourHours", maxRuntime: "1 day", hard: "3 days", runtime: 24*time.Hour + us, idle: 15 * time.Minute},
+	{name: "DayIntervalJustUnder", maxRuntime: "1 day", hard: "3 days", runtime: 24 * time.Hour, idle: 15 * time.Minute, want: reaper.SkipWithinLimit},
+	{name: "QueuedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
+	{name: "CompletedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusCompleted, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
+	{name: "NullStartTime", maxRuntime: "30 minutes", noStart: true, idle: time.Hour, want: reaper.SkipNoStartTime},
+	{name: "UnknownType", runtime: time.Hour, idle: time.Hour, want: reaper.SkipUnknownType},
+}
+
+// TestDecideAndReapAgreeOnBoundaries runs every row against the pure
+// Decide and against the reap UPDATE (jobs.StallPredicate) inside one
+// transaction, whose now() does not move, so both see the same clock to the
+// microsecond. Both must give the row's answer.
+func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	ctx := context.Background()
+	for i, tc := range boundaryTable {
+		t.Run(tc.name, func(t *testing.T) {
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			id, typ := fmt.Sprintf("job-%d", i), fmt.Sprintf("type-%d", i)
+			insertBoundaryRow(t, tx, tc, id, typ)
+
+			store := jobs.NewStore(tx)
+			now, err := store.Now(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var snap *jobs.Snapshot
+			if s, err := store.Get(ctx, id); err == nil {
+				snap = &s
+			} else {
+				t.Fatal(err)
+			}
+			v := reaper.Decide(snap, now, baselineRule)
+			if v.Reap != (tc.want == "") || v.Skip != tc.want {
+				t.Errorf("Decide = reap %v skip %q; want skip %q (runtime %v idle %v)", v.Reap, v.Skip, tc.want, v.Runtime, v.Idle)
+			}
+			reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: snap.Generation,
+				UpdatedAt: snap.UpdatedAt, Reason: jobs.ReasonStalled, Rule: baselineRule})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if reaped != (tc.want == "") {
+				t.Errorf("reap UPDATE reaped = %v; Decide says %q", reaped, tc.want)
+			}
+			var status string
+			if err := tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, id).Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			wantStatus := cmp.Or(tc.status, jobs.StatusProcessing)
+			if reaped {
+				wantStatus = jobs.StatusFailed
+			}
+			if status != wantStatus {
+				t.Errorf("status = %s, want %s", status, wantStatus)
+			}
+		})
+	}
+	t.Run("DecideWithoutRowIsNoRow", func(t *testing.T) {
+		if v := reaper.Decide(nil, time.Now(), baselineRule); v.Reap || v.Skip != reaper.SkipNoRow {
+			t.Fatalf("Decide(nil) = %+v", v)
+		}
+	})
+}
+
+func insertBoundaryRow(t *testing.T, tx pgx.Tx, tc boundaryCase, id, typ string) {
+	t.Helper()
+	ctx := context.Background()
+	if tc.maxRuntime != "" {
+		if _, err := tx.Exec(ctx, `INSERT INTO job_types (name, max_runtime, stall_timeout, hard_timeout)
+VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, typ, tc.maxRuntime, tc.stall, tc.hard); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started := any(jobs.Interval(tc.runtime))
+	if tc.noStart {
+		started = nil
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, generation, started_at, updated_at)
+VALUES ($1, $2, $3, 1, now() - $4::interval, now() - $5::interval)`,
+		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, jobs.Interval(tc.idle)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,117 @@
+package reaper
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the reaper's Prometheus series. Build them with NewMetrics on
+// the registry the daemon serves; tests use a fresh prometheus.NewRegistry.
+type Metrics struct {
+	passes        *prometheus.CounterVec
+	scanned       prometheus.Counter
+	reaped        *prometheus.CounterVec
+	skipped       *prometheus.CounterVec
+	errors        *prometheus.CounterVec
+	markersFailed prometheus.Counter
+	queueNotFound *prometheus.CounterVec
+	duration      prometheus.Histogram
+	lastSuccess   prometheus.Gauge
+}
+
+// Error stages label jobreaper_pass_errors_total.
+const (
+	stageClock  = "clock"
+	stageQueues = "queues"
+	stageList   = "list"
+	stageLoad   = "load"
+	stageReap   = "reap"
+	stageMarker = "marker"
+)
+
+// NewMetrics creates the reaper's metrics and registers them with reg. It
+// panics if they are already registered there (a programming error, as
+// with prometheus.MustRegister).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_passes_total",
+			Help: "Reaper passes by outcome: ok (no errors), errors (ran with errors), failed (could not run).",
+		}, []string{"outcome"}),
+		scanned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jobreaper_tasks_scanned_total",
+			Help: "Active asynq tasks listed by reaper passes.",
+		}),
+		reaped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_jobs_reaped_total",
+			Help: "Jobs failed by the reaper, by failure reason (stalled, lost_task).",
+		}, []string{"reason"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_jobs_skipped_total",
+			Help: "Listed tasks the reaper left alone, by skip reason.",
+		}, []string{"reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_pass_errors_total",
+			Help: "Errors inside reaper passes, by stage (clock, queues, list, load, reap, marker).",
+		}, []string{"stage"}),
+		markersFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jobreaper_markers_failed_total",
+			Help: "Reaped jobs whose Redis marker could not be written (the FAILED row still guards).",
+		}),
+		queueNotFound: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_queue_not_found_total",
+			Help: "Configured queues asynq has never seen (treated as empty; check for a typo).",
+		}, []string{"queue"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "jobreaper_scan_duration_seconds",
+			Help:    "Duration of reaper passes in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jobreaper_last_success_timestamp_seconds",
+			Help: "Unix time of the last pass that ran without errors; alert when it stops moving.",
+		}),
+	}
+	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed,
+		m.queueNotFound, m.duration, m.lastSuccess)
+	return m
+}
+
+// The methods below accept a nil *Metrics, so a Reaper without metrics needs
+// no checks at every call site.
+
+func (m *Metrics) errorAt(stage string) {
+	if m != nil {
+		m.errors.WithLabelValues(stage).Inc()
+		if stage == stageMarker {
+			m.markersFailed.Inc()
+		}
+	}
+}
+
+func (m *Metrics) queueMissing(queue string) {
+	if m != nil {
+		m.queueNotFound.WithLabelValues(queue).Inc()
+	}
+}
+
+func (m *Metrics) pass(res Result, seconds float64, failed bool, endUnix float64) {
+	if m == nil {
+		return
+	}
+	m.duration.Observe(seconds)
+	switch {
+	case failed:
+		m.passes.WithLabelValues("failed").Inc()
+		return
+	case res.Errors > 0:
+		m.passes.WithLabelValues("errors").Inc()
+	default:
+		m.passes.WithLabelValues("ok").Inc()
+		m.lastSuccess.Set(endUnix)
+	}
+	m.scanned.Add(float64(res.Scanned))
+	for reason, n := range res.Skipped {
+		m.skipped.WithLabelValues(reason).Add(float64(n))
+	}
+	for reason, n := range res.ReapedBy {
+		m.reaped.WithLabelValues(reason).Add(float64(n))
+	}
+}

@@ -1,0 +1,257 @@
+package reaper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// IntervalDefault is the time between two daemon passes.
+const IntervalDefault = time.Minute
+
+// Store is what a pass needs from PostgreSQL; *jobs.Store satisfies it.
+type Store interface {
+	Now(ctx context.Context) (time.Time, error)
+	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
+	Reap(ctx context.Context, p jobs.ReapParams) (bool, jobs.Evidence, error)
+}
+
+// Markers is what a pass needs from the marker store; *queue.MarkerStore
+// satisfies it.
+type Markers interface {
+	Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (bool, error)
+}
+
+// Options configure a Reaper.
+type Options struct {
+	// Queues to scan; empty means every queue the lister reports, asked
+	// again at every pass.
+	Queues []string
+	// Interval between daemon passes (default IntervalDefault).
+	Interval time.Duration
+	// Rule is the stall rule's daemon-wide part.
+	Rule jobs.StallRule
+	// StartJitter is the upper bound of a random delay before the daemon's
+	// first pass, so sidecars started together do not scan together. 0
+	// disables it.
+	StartJitter time.Duration
+	// Logger receives the pass's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Metrics may be nil.
+	Metrics *Metrics
+	// Clock drives the daemon loop (default the real clock).
+	Clock clockwork.Clock
+}
+
+// Result is what one pass did. Its JSON form is the output of
+// `jobreaper run --once --output json`.
+type Result struct {
+	// Scanned counts the active tasks listed, including entries without a
+	// task ID.
+	Scanned int `json:"scanned"`
+	// Reaped counts jobs this pass failed.
+	Reaped int `json:"reaped"`
+	// Skipped counts tasks left alone, by SkipReason.
+	Skipped map[string]int `json:"skipped"`
+	// Errors counts failures inside the pass: a queue that could not be
+	// listed, a batch that could not be loaded, a reap or a marker write
+	// that failed. Each is tried again next pass.
+	Errors int `json:"errors"`
+	// ReapedBy counts reaped jobs by failure reason.
+	ReapedBy map[string]int `json:"-"`
+}
+
+func newResult() Result {
+	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{}}
+}
+
+func (r *Result) skip(reason SkipReason, n int) {
+	if n > 0 {
+		r.Skipped[string(reason)] += n
+	}
+}
+
+// Reaper runs passes, once (RunOnce) or in a loop (Start, Stop).
+type Reaper struct {
+	store   Store
+	lister  queue.ActiveLister
+	markers Markers
+	opts    Options
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	stopped chan struct{}
+}
+
+// New returns a Reaper. It does not contact anything until RunOnce or Start.
+func New(store Store, lister queue.ActiveLister, markers Markers, opts Options) *Reaper {
+	opts.Interval = cmp.Or(opts.Interval, IntervalDefault)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
+	return &Reaper{
+		store: store, lister: lister, markers: markers, opts: opts,
+		log: opts.Logger.With("component", "reaper"),
+	}
+}
+
+// ErrPassFailed wraps the cause when a pass could not run at all: the
+// database clock could not be read or the queue list could not be
+// discovered. Nothing was written.
+var ErrPassFailed = errors.New("reaper pass could not run")
+
+// RunOnce runs one pass: DESIGN.md "The scan", steps 1 to 6 and 8. It
+// returns the pass's Result, and an error wrapping ErrPassFailed only when
+// the pass could not run at all; failures inside the pass (a queue that
+// fails to list, a reap or marker write that fails) are counted in
+// Result.Errors and logged, and the pass goes on with what it can do safely.
+func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
+	start := time.Now()
+	res, err := r.pass(ctx)
+	end := time.Now()
+	r.opts.Metrics.pass(res, end.Sub(start).Seconds(), err != nil, float64(end.Unix()))
+	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped,
+		"errors", res.Errors, "duration_ms", end.Sub(start).Milliseconds()}
+	switch {
+	case err != nil:
+		r.log.Error("pass could not run", append(attrs, "err", err)...)
+	case res.Errors > 0:
+		r.log.Warn("pass finished with errors", attrs...)
+	case res.Reaped > 0:
+		r.log.Info("pass reaped jobs", attrs...)
+	default:
+		r.log.Debug("pass finished", attrs...)
+	}
+	return res, err
+}
+
+func (r *Reaper) pass(ctx context.Context) (Result, error) {
+	res := newResult()
+	// Step 1: one clock reading, from the database that wrote the timestamps.
+	now, err := r.store.Now(ctx)
+	if err != nil {
+		r.opts.Metrics.errorAt(stageClock)
+		return res, fmt.Errorf("%w: reading the database clock: %w", ErrPassFailed, err)
+	}
+	queues := r.opts.Queues
+	if len(queues) == 0 {
+		if queues, err = r.lister.Queues(ctx); err != nil {
+			r.opts.Metrics.errorAt(stageQueues)
+			return res, fmt.Errorf("%w: listing asynq queues: %w", ErrPassFailed, err)
+		}
+	}
+	// Step 2: active tasks of every queue; a queue that fails is an error
+	// of this pass and none of its tasks is touched.
+	ids := r.listActive(ctx, queues, &res)
+	if len(ids) == 0 {
+		return res, nil
+	}
+	// Step 3: rows and limits in batched queries.
+	snaps, err := r.store.LoadForTasks(ctx, ids)
+	if err != nil {
+		r.opts.Metrics.errorAt(stageLoad)
+		r.log.Error("loading job rows failed; no job is reaped this pass", "tasks", len(ids), "err", err)
+		res.Errors++
+		return res, nil
+	}
+	// Steps 4 to 6: decide, reap, mark.
+	for _, id := range ids {
+		var snap *jobs.Snapshot
+		if s, ok := snaps[id]; ok {
+			snap = &s
+		}
+		v := Decide(snap, now, r.opts.Rule)
+		if !v.Reap {
+			res.skip(v.Skip, 1)
+			if v.Skip == SkipBadLimits || v.Skip == SkipUnknownType || v.Skip == SkipNoStartTime {
+				r.log.Warn("job skipped", "job_id", id, "reason", v.Skip, "type", snap.Type,
+					"max_runtime", v.MaxRuntime, "stall_timeout", v.StallTimeout)
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			return res, nil
+		}
+		r.reap(ctx, *snap, jobs.ReasonStalled, &res)
+	}
+	return res, nil
+}
+
+func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) []string {
+	seen := map[string]bool{}
+	var ids []string
+	for _, q := range queues {
+		tasks, err := r.lister.ListActive(ctx, q)
+		if err != nil {
+			r.opts.Metrics.errorAt(stageList)
+			r.log.Error("listing active tasks failed; this queue is skipped this pass", "queue", q, "err", err)
+			res.Errors++
+			continue
+		}
+		if tasks.NotFound {
+			r.opts.Metrics.queueMissing(q)
+			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
+			continue
+		}
+		res.Scanned += len(tasks.IDs) + tasks.EmptyIDs
+		if tasks.EmptyIDs > 0 {
+			r.log.Warn("active entries without a task ID skipped", "queue", q, "count", tasks.EmptyIDs)
+			res.skip(SkipNoJobID, tasks.EmptyIDs)
+		}
+		for _, id := range tasks.IDs {
+			if !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// reap runs the compare-and-set and, when it changed the row, sets the
+// marker. A failed marker write is counted; the FAILED row still guards.
+func (r *Reaper) reap(ctx context.Context, snap jobs.Snapshot, reason string, res *Result) {
+	reaped, ev, err := r.store.Reap(ctx, jobs.ReapParams{
+		JobID: snap.ID, Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
+		Reason: reason, Rule: r.opts.Rule,
+	})
+	if err != nil {
+		r.opts.Metrics.errorAt(stageReap)
+		r.log.Error("reap failed; nothing was written, retried next pass", "job_id", snap.ID, "err", err)
+		res.Errors++
+		return
+	}
+	if !reaped {
+		res.skip(SkipChangedSinceRead, 1)
+		r.log.Info("job changed since the read; not reaped", "job_id", snap.ID, "generation", snap.Generation)
+		return
+	}
+	res.Reaped++
+	res.ReapedBy[reason]++
+	r.log.Info("job reaped", "job_id", snap.ID, "type", snap.Type, "reason", reason,
+		"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
+		"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
+	// The marker's 7 days run from the reap; it is set just after the
+	// commit, so the full TTL applies.
+	if _, err := r.markers.Set(ctx, snap.ID, ev.Generation, queue.MarkerTTL); err != nil {
+		r.opts.Metrics.errorAt(stageMarker)
+		r.log.Error("marker write failed; the FAILED row still refuses the task", "job_id", snap.ID,
+			"generation", ev.Generation, "err", err)
+		res.Errors++
+	}
+}

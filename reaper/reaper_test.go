@@ -1,0 +1,312 @@
+package reaper_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
+)
+
+// fakeLister serves fixed active-task lists; the real Inspector lister is
+// tested in package queue against real Redis.
+type fakeLister struct {
+	mu     sync.Mutex
+	queues map[string]queue.ActiveTasks
+	failed map[string]error
+	calls  int
+}
+
+func (f *fakeLister) Queues(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var qs []string
+	for q := range f.queues {
+		qs = append(qs, q)
+	}
+	for q := range f.failed {
+		qs = append(qs, q)
+	}
+	return qs, nil
+}
+
+func (f *fakeLister) ListActive(_ context.Context, q string) (queue.ActiveTasks, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if err := f.failed[q]; err != nil {
+		return queue.ActiveTasks{}, err
+	}
+	tasks, ok := f.queues[q]
+	if !ok {
+		return queue.ActiveTasks{NotFound: true}, nil
+	}
+	return tasks, nil
+}
+
+// brokenMarkers fails every write, as Redis does during an outage.
+type brokenMarkers struct{}
+
+func (brokenMarkers) Set(context.Context, string, int64, time.Duration) (bool, error) {
+	return false, errors.New("redis: connection refused")
+}
+
+type bundle struct {
+	db      *jobstest.DB
+	lister  *fakeLister
+	redis   *miniredis.Miniredis
+	markers *queue.MarkerStore
+	metrics *reaper.Metrics
+	reg     *prometheus.Registry
+	reaper  *reaper.Reaper
+}
+
+func setup(t *testing.T, opts ...func(*reaper.Options)) *bundle {
+	t.Helper()
+	db := jobstest.New(t)
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.JobType(t, "crawl.site", "60 minutes", "", "")
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reg := prometheus.NewRegistry()
+	b := &bundle{db: db, markers: newMarkers(t, rdb), lister: &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}},
+		redis: mr, reg: reg, metrics: reaper.NewMetrics(reg)}
+	o := reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics}
+	for _, f := range opts {
+		f(&o)
+	}
+	b.reaper = reaper.New(jobs.NewStore(db.Pool), b.lister, b.markers, o)
+	return b
+}
+
+func newMarkers(t *testing.T, rdb redis.UniversalClient) *queue.MarkerStore {
+	t.Helper()
+	m, err := queue.NewMarkerStore(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func (b *bundle) stalled(t *testing.T, id string) {
+	b.db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: "default",
+		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+}
+
+func TestRunOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("ReapsStalledJobAndLeavesOthers", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.stalled(t, "J5")
+		b.db.Insert(t, jobstest.Job{ID: "J12", Type: "crawl.site", Generation: 1,
+			StartedAgo: jobstest.Ago(3 * time.Hour), IdleAgo: 2 * time.Minute})
+		b.db.Insert(t, jobstest.Job{ID: "fresh", Type: "report.export", Generation: 1,
+			StartedAgo: jobstest.Ago(5 * time.Minute), IdleAgo: 5 * time.Minute})
+		b.db.Insert(t, jobstest.Job{ID: "odd", Type: "no.such.type", Generation: 1,
+			StartedAgo: jobstest.Ago(3 * time.Hour), IdleAgo: time.Hour})
+		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J5", "J12", "fresh", "odd", "ghost"}, EmptyIDs: 2}
+		before12, beforeFresh := b.db.Read(t, "J12"), b.db.Read(t, "fresh")
+
+		res, err := b.reaper.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int{"progressing": 1, "within_limit": 1, "unknown_type": 1, "no_row": 1, "no_job_id": 2}
+		if res.Scanned != 7 || res.Reaped != 1 || res.Errors != 0 || !equalCounts(res.Skipped, want) {
+			t.Fatalf("result = %+v, want scanned 7 reaped 1 skipped %v", res, want)
+		}
+		if row := b.db.Read(t, "J5"); row.Status != jobs.StatusFailed || row.FailureReason != "stalled" {
+			t.Fatalf("J5 = %+v", row)
+		}
+		if got := b.db.Read(t, "J12"); got != before12 {
+			t.Fatalf("J12 changed: %+v -> %+v", before12, got)
+		}
+		if got := b.db.Read(t, "fresh"); got != beforeFresh {
+			t.Fatalf("fresh changed: %+v -> %+v", beforeFresh, got)
+		}
+		if v, err := b.redis.Get("jobreaper:reaped:J5"); err != nil || v != "1" {
+			t.Fatalf("marker = %q, %v; want generation 1", v, err)
+		}
+		if ttl := b.redis.TTL("jobreaper:reaped:J5"); ttl != queue.MarkerTTL {
+			t.Fatalf("marker TTL = %v, want %v", ttl, queue.MarkerTTL)
+		}
+		if b.redis.Exists("jobreaper:reaped:J12") {
+			t.Fatal("J12 got a marker")
+		}
+		if got := metricValue(t, b.reg, "jobreaper_jobs_reaped_total", map[string]string{"reason": "stalled"}); got != 1 {
+			t.Fatalf("jobreaper_jobs_reaped_total = %v, want 1", got)
+		}
+	})
+
+	t.Run("QueueThatFailsToListIsAnErrorAndItsTasksAreUntouched", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.stalled(t, "J1")
+		b.stalled(t, "J2")
+		b.lister.queues["ok"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.failed["broken"] = errors.New("redis: i/o timeout")
+		res, err := b.reaper.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Errors != 1 || res.Reaped != 1 || res.Scanned != 1 {
+			t.Fatalf("result = %+v, want 1 error, 1 reaped, 1 scanned", res)
+		}
+		if row := b.db.Read(t, "J2"); row.Status != jobs.StatusProcessing {
+			t.Fatalf("J2 of the failed queue = %+v, want untouched", row)
+		}
+	})
+
+	t.Run("UnknownQueueIsEmptyWithWarningAndCounter", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(o *reaper.Options) { o.Queues = []string{"typo"} })
+		res, err := b.reaper.RunOnce(ctx)
+		if err != nil || res.Errors != 0 || res.Scanned != 0 {
+			t.Fatalf("result = %+v, err = %v", res, err)
+		}
+		if got := metricValue(t, b.reg, "jobreaper_queue_not_found_total", map[string]string{"queue": "typo"}); got != 1 {
+			t.Fatalf("jobreaper_queue_not_found_total{queue=typo} = %v, want 1", got)
+		}
+	})
+
+	t.Run("ConfiguredQueuesAreTheOnlyOnesListed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(o *reaper.Options) { o.Queues = []string{"a"} })
+		b.stalled(t, "J1")
+		b.lister.queues["a"] = queue.ActiveTasks{}
+		b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		if res, err := b.reaper.RunOnce(ctx); err != nil || res.Reaped != 0 || b.lister.calls != 1 {
+			t.Fatalf("result = %+v, err = %v, list calls = %d", res, err, b.lister.calls)
+		}
+	})
+
+	t.Run("MarkerFailureIsCountedAndRowStillFailed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.stalled(t, "J1")
+		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		r := reaper.New(jobs.NewStore(b.db.Pool), b.lister, brokenMarkers{},
+			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
+		res, err := r.RunOnce(ctx)
+		if err != nil || res.Reaped != 1 || res.Errors != 1 {
+			t.Fatalf("result = %+v, err = %v; want reaped 1, errors 1", res, err)
+		}
+		if row := b.db.Read(t, "J1"); row.Status != jobs.StatusFailed {
+			t.Fatalf("J1 = %+v", row)
+		}
+	})
+
+	t.Run("DatabaseDownMeansThePassCouldNotRun", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.stalled(t, "J1")
+		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.db.Pool.Close()
+		res, err := b.reaper.RunOnce(ctx)
+		if !errors.Is(err, reaper.ErrPassFailed) || res.Reaped != 0 || b.lister.calls != 0 {
+			t.Fatalf("result = %+v, err = %v, list calls = %d; want ErrPassFailed before listing", res, err, b.lister.calls)
+		}
+	})
+
+	t.Run("CompareAndSetLossIsCountedAsChangedSinceRead", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.stalled(t, "J1")
+		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		// The job progresses between the pass's read and its reap.
+		store := &progressingStore{Store: jobs.NewStore(b.db.Pool), db: b.db, t: t}
+		r := reaper.New(store, b.lister, b.markers,
+			reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
+		res, err := r.RunOnce(ctx)
+		if err != nil || res.Reaped != 0 || res.Skipped["changed_since_read"] != 1 {
+			t.Fatalf("result = %+v, err = %v", res, err)
+		}
+		if row := b.db.Read(t, "J1"); row.Status != jobs.StatusProcessing {
+			t.Fatalf("J1 = %+v", row)
+		}
+		if b.redis.Exists("jobreaper:reaped:J1") {
+			t.Fatal("a marker was set for a job that was not reaped")
+		}
+	})
+}
+
+// progressingStore moves the job's updated_at after the pass read it.
+type progressingStore struct {
+	*jobs.Store
+	db *jobstest.DB
+	t  *testing.T
+}
+
+func (s *progressingStore) LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error) {
+	snaps, err := s.Store.LoadForTasks(ctx, ids)
+	s.db.Exec(s.t, `UPDATE jobs SET updated_at = now()`)
+	return snaps, err
+}
+
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+
+	t.Run("StopWithoutStartReturns", func(t *testing.T) {
+		t.Parallel()
+		reaper.New(nil, nil, nil, reaper.Options{}).Stop()
+	})
+
+	t.Run("LoopRunsAPassAtStartAndStopsOnStop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(o *reaper.Options) { o.Interval = time.Hour })
+		b.stalled(t, "J1")
+		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		if err := b.reaper.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.reaper.Start(context.Background()); !errors.Is(err, reaper.ErrAlreadyStarted) {
+			t.Fatalf("second Start = %v, want ErrAlreadyStarted", err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for b.db.Read(t, "J1").Status != jobs.StatusFailed {
+			if time.Now().After(deadline) {
+				t.Fatal("the first pass did not reap J1 within 10s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		b.reaper.Stop()
+		b.reaper.Stop()
+		if got := metricValue(t, b.reg, "jobreaper_passes_total", map[string]string{"outcome": "ok"}); got != 1 {
+			t.Fatalf("passes = %v, want 1 (interval is an hour)", got)
+		}
+	})
+}
+
+func equalCounts(got, want map[string]int) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
+}
