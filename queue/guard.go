@@ -1,0 +1,280 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// Sentinel errors of the start guard. The guard's errors wrap one of them
+// (test with errors.Is); refusals also wrap asynq.SkipRetry so that asynq
+// archives the task instead of retrying it.
+var (
+	// ErrJobReaped: the job was reaped. Either a marker records the row's
+	// current generation (or a newer one), or the row is FAILED with
+	// failure_reason stalled or lost_task. Wrapped with asynq.SkipRetry.
+	ErrJobReaped = errors.New("job was reaped")
+
+	// ErrJobFailed: the row is FAILED for another reason (a worker's Fail,
+	// a cancel). Wrapped with asynq.SkipRetry.
+	ErrJobFailed = errors.New("job has failed")
+
+	// ErrGuardUnavailable: the guard could not read the job row or the
+	// marker, or the claim failed for a reason other than losing it, so it
+	// could not tell whether the task may run. The handler did not run and
+	// asynq retries the task; IsFailure reports false for it.
+	ErrGuardUnavailable = errors.New("start guard unavailable: cannot read the job row or marker, or claim the job")
+
+	// ErrNoTaskID: the context carries no asynq task ID, so there is no job
+	// to look up (the handler is not running under an asynq.Server).
+	// Wrapped with asynq.SkipRetry.
+	ErrNoTaskID = errors.New("no asynq task ID in context")
+)
+
+// GuardStore is what the start guard needs from PostgreSQL; *jobs.Store
+// satisfies it.
+type GuardStore interface {
+	// Get reads the job row; an error wrapping jobs.ErrNotFound when none.
+	Get(ctx context.Context, id string) (jobs.Snapshot, error)
+	// Claim starts an attempt if the row is still at expectedGeneration;
+	// an error wrapping jobs.ErrClaimLost when another claim won.
+	Claim(ctx context.Context, id string, expectedGeneration int64, worker string) (jobs.Lease, error)
+}
+
+// MarkerReader reads markers; *MarkerStore satisfies it.
+type MarkerReader interface {
+	// Get returns the generation jobID's marker records, or found=false.
+	Get(ctx context.Context, jobID string) (generation int64, found bool, err error)
+}
+
+// Guard is the start guard: asynq middleware that, before each task's
+// handler runs, refuses the task when its job was reaped or is terminal
+// and otherwise claims the job and hands the handler the lease.
+type Guard struct {
+	store   GuardStore
+	markers MarkerReader
+	worker  string
+	logger  *slog.Logger
+	metrics *guardMetrics
+	// taskID reads the task ID from the handler's context; tests replace
+	// it, since asynq offers no public way to build such a context.
+	taskID func(context.Context) (string, bool)
+}
+
+// GuardOption configures a Guard.
+type GuardOption func(*Guard)
+
+// WithWorker sets the worker name the guard's claims record (default
+// "<hostname>:<pid>"). An empty name keeps the default.
+func WithWorker(name string) GuardOption {
+	return func(g *Guard) {
+		if name != "" {
+			g.worker = name
+		}
+	}
+}
+
+// WithLogger sets the guard's logger (default slog.Default()). A nil logger
+// keeps the default.
+func WithLogger(l *slog.Logger) GuardOption {
+	return func(g *Guard) {
+		if l != nil {
+			g.logger = l
+		}
+	}
+}
+
+// WithRegisterer registers the guard's metrics with r (default: no
+// metrics): jobreaper_guard_decisions_total{decision}, where decision is
+// claimed, refused_reaped, refused_failed, acked_completed, claim_lost,
+// no_row, unavailable or no_task_id. A counter already registered by
+// another Guard on r is shared. NewGuard panics, like
+// prometheus.MustRegister, when r refuses the counter for another reason.
+func WithRegisterer(r prometheus.Registerer) GuardOption {
+	return func(g *Guard) {
+		if r != nil {
+			g.metrics = newGuardMetrics(r)
+		}
+	}
+}
+
+// NewGuard returns a start guard that reads job rows and claims jobs
+// through store and reads markers through markers.
+func NewGuard(store GuardStore, markers MarkerReader, opts ...GuardOption) *Guard {
+	g := &Guard{
+		store:   store,
+		markers: markers,
+		worker:  defaultWorker(),
+		logger:  slog.Default(),
+		taskID:  asynq.GetTaskID,
+	}
+	for _, o := range opts {
+		o(g)
+	}
+	g.logger = g.logger.With("component", "guard")
+	return g
+}
+
+func defaultWorker() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+// Middleware returns the guard as asynq middleware. Per task, in order:
+//
+//  1. The task ID (asynq.GetTaskID) is the job ID; none: ErrNoTaskID with
+//     asynq.SkipRetry.
+//  2. Read the job row. Missing (jobs.ErrNotFound): a retryable error
+//     wrapping jobs.ErrNotFound, since the enqueuer commits the row before
+//     it enqueues and the row may simply not be visible yet; it counts as a
+//     failure, so a task that never gets a row is archived after its
+//     retries. FAILED: ErrJobReaped (reason stalled or lost_task) or
+//     ErrJobFailed, with asynq.SkipRetry. COMPLETED: nil, so asynq
+//     acknowledges the task without running it.
+//  3. Read the marker. A marker whose generation is >= the row's:
+//     ErrJobReaped with asynq.SkipRetry.
+//  4. Claim with the generation read. Lost (jobs.ErrClaimLost: another
+//     delivery claimed it first, or the job became terminal): an error
+//     wrapping jobs.ErrClaimLost and asynq.SkipRetry.
+//  5. Run the handler with the lease in its context (jobs.WithLease), then
+//     map its result through the outcome mapping.
+//
+// Fail closed: when the row or the marker cannot be read, or the claim
+// fails for another reason, the handler does not run and the error wraps
+// ErrGuardUnavailable and is retryable (no asynq.SkipRetry): an outage
+// delays a task, it never starts a reaped one.
+func (g *Guard) Middleware() asynq.MiddlewareFunc {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			lease, run, err := g.admit(ctx)
+			if !run {
+				return err
+			}
+			ctx = jobs.WithLease(ctx, lease)
+			return g.settle(ctx, lease, next.ProcessTask(ctx, task))
+		})
+	}
+}
+
+// admit runs steps 1-4 of Middleware. run is true only with a fresh lease.
+func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err error) {
+	id, ok := g.taskID(ctx)
+	if !ok || id == "" {
+		g.count("no_task_id")
+		g.logger.ErrorContext(ctx, "task refused: no task ID in context", "reason", "no_task_id")
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", ErrNoTaskID, asynq.SkipRetry)
+	}
+	log := g.logger.With("job_id", id)
+
+	row, err := g.store.Get(ctx, id)
+	if errors.Is(err, jobs.ErrNotFound) {
+		g.count("no_row")
+		log.WarnContext(ctx, "task not started: no job row yet", "reason", "no_row")
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: no job row, will retry: %w", id, err)
+	}
+	if err != nil {
+		return g.unavailable(ctx, log, id, "reading the job row", err)
+	}
+	log = log.With("generation", row.Generation)
+	switch row.Status {
+	case jobs.StatusCompleted:
+		g.count("acked_completed")
+		log.InfoContext(ctx, "task acknowledged without running: job already completed", "reason", "completed")
+		return jobs.Lease{}, false, nil
+	case jobs.StatusFailed:
+		sentinel, decision, reason := ErrJobFailed, "refused_failed", "failed"
+		if row.FailureReason == jobs.ReasonStalled || row.FailureReason == jobs.ReasonLostTask {
+			sentinel, decision, reason = ErrJobReaped, "refused_reaped", "reaped"
+		}
+		g.count(decision)
+		log.WarnContext(ctx, "task refused: job is FAILED", "reason", reason, "failure_reason", row.FailureReason)
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s generation %d is FAILED (%s): %w: %w",
+			id, row.Generation, row.FailureReason, sentinel, asynq.SkipRetry)
+	}
+
+	marked, found, err := g.markers.Get(ctx, id)
+	if err != nil {
+		return g.unavailable(ctx, log, id, "reading the marker", err)
+	}
+	if found && marked >= row.Generation {
+		g.count("refused_reaped")
+		log.WarnContext(ctx, "task refused: marker records a reap of this generation",
+			"reason", "marker", "marker_generation", marked)
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s generation %d: marker %s records generation %d: %w: %w",
+			id, row.Generation, MarkerKey(id), marked, ErrJobReaped, asynq.SkipRetry)
+	}
+
+	lease, err = g.store.Claim(ctx, id, row.Generation, g.worker)
+	if errors.Is(err, jobs.ErrClaimLost) {
+		g.count("claim_lost")
+		log.WarnContext(ctx, "task refused: another attempt claimed the job first", "reason", "claim_lost")
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
+	}
+	if err != nil {
+		return g.unavailable(ctx, log, id, "claiming the job", err)
+	}
+	g.count("claimed")
+	log.DebugContext(ctx, "job claimed", "lease_generation", lease.Generation, "worker", g.worker)
+	return lease, true, nil
+}
+
+func (g *Guard) unavailable(ctx context.Context, log *slog.Logger, id, step string, err error) (jobs.Lease, bool, error) {
+	g.count("unavailable")
+	log.WarnContext(ctx, "task not started: guard cannot decide, asynq will retry",
+		"reason", "unavailable", "step", step, "error", err.Error())
+	return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: %s: %w: %w", id, step, ErrGuardUnavailable, err)
+}
+
+// IsFailure is meant for asynq.Config.IsFailure. It returns false for nil
+// and for errors wrapping ErrGuardUnavailable, true for every other error.
+//
+// What asynq v0.26.0 does with a non-failure error (processor.go
+// handleFailedMessage, rdb.Retry): if the task is not yet out of retries
+// and the error does not wrap asynq.SkipRetry, the task still goes to the
+// retry set, delayed by RetryDelayFunc(retried, ...); but its Retried
+// count is not incremented, so an outage neither uses up the task's
+// retries nor grows its backoff, and the queue's processed and failed
+// counters are not incremented. The error text is still recorded as the
+// task's last error, and Config.ErrorHandler is still called. Caveat: asynq checks Retried >= MaxRetry before it
+// asks IsFailure, so a delivery that already is the task's last (a task
+// with MaxRetry(0), or one whose earlier failures used up its retries) is
+// archived even on a non-failure error.
+func IsFailure(err error) bool {
+	return err != nil && !errors.Is(err, ErrGuardUnavailable)
+}
+
+type guardMetrics struct {
+	decisions *prometheus.CounterVec
+}
+
+func newGuardMetrics(r prometheus.Registerer) *guardMetrics {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jobreaper_guard_decisions_total",
+		Help: "Tasks the start guard decided on, by decision (claimed, refused_reaped, refused_failed, acked_completed, claim_lost, no_row, unavailable, no_task_id).",
+	}, []string{"decision"})
+	if err := r.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(fmt.Sprintf("queue: registering jobreaper_guard_decisions_total: %v", err))
+		}
+		c = are.ExistingCollector.(*prometheus.CounterVec)
+	}
+	return &guardMetrics{decisions: c}
+}
+
+func (g *Guard) count(decision string) {
+	if g.metrics != nil {
+		g.metrics.decisions.WithLabelValues(decision).Inc()
+	}
+}
