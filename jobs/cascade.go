@@ -2,7 +2,11 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"regexp"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -20,6 +24,154 @@ type Cascade struct {
 
 // Cascades maps a job type name to its Cascade.
 type Cascades map[string]Cascade
+
+// Cascade hook names, as in the config file and in error messages.
+const (
+	HookOnFailed    = "on_failed"
+	HookOnCompleted = "on_completed"
+)
+
+// CascadeArgNames are the named arguments a cascade statement may use, in
+// the order error messages list them.
+var CascadeArgNames = []string{"job_id", "parent_id", "tenant_id", "type"}
+
+// argCandidate finds what could be a named argument; pgx decides which of
+// them really are (it skips string literals, quoted identifiers, comments
+// and operators such as @>).
+var argCandidate = regexp.MustCompile(`@([A-Za-z_][A-Za-z0-9_]*)`)
+
+// cascadeStatement is one statement of one hook of one type.
+type cascadeStatement struct {
+	typ, hook string
+	n         int // 1-based
+	sql       string
+}
+
+func (c cascadeStatement) String() string {
+	return fmt.Sprintf("cascade %s of type %q, statement %d", c.hook, c.typ, c.n)
+}
+
+// statements lists every statement in a stable order: types sorted, then
+// on_failed before on_completed.
+func (c Cascades) statements() []cascadeStatement {
+	types := make([]string, 0, len(c))
+	for typ := range c {
+		types = append(types, typ)
+	}
+	slices.Sort(types)
+	var out []cascadeStatement
+	for _, typ := range types {
+		for _, h := range []struct {
+			name  string
+			stmts []string
+		}{{HookOnFailed, c[typ].OnFailed}, {HookOnCompleted, c[typ].OnCompleted}} {
+			for i, sql := range h.stmts {
+				out = append(out, cascadeStatement{typ: typ, hook: h.name, n: i + 1, sql: sql})
+			}
+		}
+	}
+	return out
+}
+
+// Validate checks every statement without a database: it must not be empty,
+// and it may use no named argument but @job_id, @parent_id, @tenant_id and
+// @type (pgx would pass an unknown one as NULL, silently). Each problem is
+// reported in a sentence naming the type, the hook and the statement number;
+// all problems are joined into one error, and each wraps ErrBadCascade.
+func (c Cascades) Validate() error {
+	var errs []error
+	for typ := range c {
+		if strings.TrimSpace(typ) == "" {
+			errs = append(errs, fmt.Errorf("cascades: a job type name is empty: %w", ErrBadCascade))
+		}
+	}
+	for _, st := range c.statements() {
+		if strings.TrimSpace(st.sql) == "" {
+			errs = append(errs, fmt.Errorf("%s is empty: %w", st, ErrBadCascade))
+			continue
+		}
+		if unknown := unknownArgs(st.sql); len(unknown) > 0 {
+			errs = append(errs, fmt.Errorf("%s uses %s; only @%s are available: %w",
+				st, strings.Join(unknown, ", "), strings.Join(CascadeArgNames, ", @"), ErrBadCascade))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unknownArgs returns the named arguments of sql, as "@name", that are not
+// CascadeArgNames, in order of first appearance.
+func unknownArgs(sql string) []string {
+	var out []string
+	for _, m := range argCandidate.FindAllStringSubmatch(sql, -1) {
+		name := m[1]
+		if slices.Contains(CascadeArgNames, name) || slices.Contains(out, "@"+name) {
+			continue
+		}
+		if isNamedArg(sql, name) {
+			out = append(out, "@"+name)
+		}
+	}
+	return out
+}
+
+// isNamedArg asks pgx's own rewriting whether @name in sql is a placeholder.
+func isNamedArg(sql, name string) bool {
+	type marker struct{}
+	// RewriteQuery ignores its context and connection.
+	_, args, err := pgx.NamedArgs{name: marker{}}.RewriteQuery(context.TODO(), nil, sql, nil)
+	return err == nil && slices.Contains(args, any(marker{}))
+}
+
+// PrepareCascades checks the Store's cascades at start: Validate, then each
+// statement is parsed and planned by PostgreSQL (Parse and Describe, the
+// named arguments rewritten to $n as at run time) inside a transaction that
+// is rolled back, so a misspelt table or column fails here, naming the type,
+// the hook and the statement, rather than at the first reap or completion.
+// Nothing is executed.
+//
+// Errors: the joined problems, each wrapping ErrBadCascade; or a wrapped
+// driver error when PostgreSQL cannot be reached.
+func (s *Store) PrepareCascades(ctx context.Context) error {
+	if err := s.cascades.Validate(); err != nil {
+		return fmt.Errorf("jobs.PrepareCascades: %w", err)
+	}
+	stmts := s.cascades.statements()
+	if len(stmts) == 0 {
+		return nil
+	}
+	ctx, done := s.op(ctx, "PrepareCascades")
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return done(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var errs []error
+	for _, st := range stmts {
+		sql, _, err := cascadeArgs{}.named().RewriteQuery(ctx, nil, st.sql, nil)
+		if err == nil {
+			err = prepareIn(ctx, tx, sql)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return done(err)
+			}
+			errs = append(errs, fmt.Errorf("%s does not prepare against the database: %w: %w", st, ErrBadCascade, err))
+		}
+	}
+	return done(errors.Join(errs...))
+}
+
+// prepareIn parses and describes sql as an unnamed statement inside a
+// savepoint of tx, so that one failure does not abort the checks after it.
+func prepareIn(ctx context.Context, tx pgx.Tx, sql string) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sp.Rollback(ctx) }()
+	_, err = sp.Conn().PgConn().Prepare(ctx, "", sql, nil)
+	return err
+}
 
 // cascadeArgs are the named arguments a cascade statement may use.
 type cascadeArgs struct {
@@ -43,11 +195,11 @@ func nullable(s string) any {
 }
 
 func (c Cascades) runFailed(ctx context.Context, tx pgx.Tx, a cascadeArgs) error {
-	return c.run(ctx, tx, a, "on_failed", c[a.Type].OnFailed)
+	return c.run(ctx, tx, a, HookOnFailed, c[a.Type].OnFailed)
 }
 
 func (c Cascades) runCompleted(ctx context.Context, tx pgx.Tx, a cascadeArgs) error {
-	return c.run(ctx, tx, a, "on_completed", c[a.Type].OnCompleted)
+	return c.run(ctx, tx, a, HookOnCompleted, c[a.Type].OnCompleted)
 }
 
 func (c Cascades) run(ctx context.Context, tx pgx.Tx, a cascadeArgs, kind string, stmts []string) error {

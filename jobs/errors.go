@@ -35,6 +35,28 @@ var (
 	// ErrNoLease: the context carries no lease; the handler did not run
 	// under the start guard.
 	ErrNoLease = errors.New("no lease in context: the handler must run under the start guard")
+
+	// ErrNotCompleted: CheckCompleted found the job still PROCESSING at the
+	// lease's generation: it was not completed (yet), so nothing that must
+	// follow a completion may be written.
+	ErrNotCompleted = errors.New("job is not completed by this attempt")
+
+	// ErrNotAutoComplete: AutoComplete found the job PROCESSING at the
+	// lease's generation but its type is not marked auto_complete (or has no
+	// job_types row). Nothing was written; the caller fails the job with
+	// ReasonNoCompletion.
+	ErrNotAutoComplete = errors.New("job type is not auto-complete: the handler returned without a confirmed Complete")
+
+	// ErrInvalidArgument: a caller passed a value the operation never
+	// accepts (an empty batch token, a count below 1, a failure code that is
+	// not a short snake_case identifier); nothing was sent to PostgreSQL.
+	ErrInvalidArgument = errors.New("invalid argument")
+
+	// ErrBadCascade: a cascade statement is empty, uses a named argument
+	// other than @job_id, @parent_id, @tenant_id and @type, or does not
+	// prepare against the database. The error names the type, the hook and
+	// the statement number.
+	ErrBadCascade = errors.New("bad cascade statement")
 )
 
 // ErrorCode returns the stable code of a fencing or progress error, for

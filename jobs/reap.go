@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -140,7 +141,7 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		err := tx.QueryRow(ctx, reapSQL, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
 			&cascade.ParentID, &cascade.TenantID, &ev.StartedAt, &ev.UpdatedAt,
 			&runUS, &idleUS, &maxUS, &stalUS, &ev.DBNow)
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		if err != nil {

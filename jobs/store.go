@@ -28,7 +28,10 @@ type DB interface {
 // Store runs jobreaper's statements against one schema (chosen by the
 // connection's search_path, see Connect).
 type Store struct {
-	db        DB
+	db DB
+	// events receives late_result_rejected events, outside the caller's
+	// transaction that a refused write leaves to be rolled back.
+	events    DB
 	opTimeout time.Duration
 	cascades  Cascades
 }
@@ -47,9 +50,23 @@ func WithOpTimeout(d time.Duration) StoreOption {
 
 // WithCascades makes the Store run each job type's on_failed and
 // on_completed statements inside the transaction that changes a job of that
-// type. The cascades must have been prepared with Cascades.Validate.
+// type. Check them at start with Store.PrepareCascades (which runs
+// Cascades.Validate first), so that a typo fails there, naming the type and
+// the statement, instead of failing the first reap or completion.
 func WithCascades(c Cascades) StoreOption {
 	return func(s *Store) { s.cascades = c }
+}
+
+// WithEventsDB makes the Store write late_result_rejected events through
+// events instead of the Store's own handle. Such an event is written while
+// the caller still holds the transaction it is about to roll back (a refused
+// Complete or Advance), so it needs a connection of its own: give a small
+// separate pool when the main pool can be exhausted by callers that each hold
+// a transaction. Without this option the events go through the handle passed
+// to NewStore; when that handle is itself a pgx.Tx (a test running a whole
+// scenario in one transaction) the events share its fate.
+func WithEventsDB(events DB) StoreOption {
+	return func(s *Store) { s.events = events }
 }
 
 // NewStore returns a Store over db.
@@ -57,6 +74,9 @@ func NewStore(db DB, opts ...StoreOption) *Store {
 	s := &Store{db: db, opTimeout: OpTimeoutDefault}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.events == nil {
+		s.events = s.db
 	}
 	return s
 }

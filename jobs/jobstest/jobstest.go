@@ -126,6 +126,8 @@ type Job struct {
 	IdleAgo    time.Duration
 	Total      *int64
 	Cursor     int64
+	// ProgressMark is the stored heartbeat mark (default 0).
+	ProgressMark int64
 }
 
 // Ago is a convenience for Job.StartedAgo.
@@ -142,11 +144,11 @@ func (d *DB) Insert(t testing.TB, j Job) {
 		started = jobs.Interval(*j.StartedAgo)
 	}
 	d.Exec(t, `INSERT INTO jobs (id, type, status, generation, queue, parent_id, tenant_id, worker,
-                  started_at, updated_at, total, "cursor")
+                  started_at, updated_at, total, "cursor", progress_mark)
 VALUES ($1, $2, $3, $4, nullif($5, ''), nullif($6, ''), nullif($7, ''), nullif($8, ''),
-        now() - $9::interval, now() - $10::interval, $11, $12)`,
+        now() - $9::interval, now() - $10::interval, $11, $12, $13)`,
 		j.ID, j.Type, j.Status, j.Generation, j.Queue, j.ParentID, j.TenantID, j.Worker,
-		started, jobs.Interval(j.IdleAgo), j.Total, j.Cursor)
+		started, jobs.Interval(j.IdleAgo), j.Total, j.Cursor, j.ProgressMark)
 }
 
 // Row is the part of a jobs row tests assert on.
@@ -157,6 +159,11 @@ type Row struct {
 	UpdatedAt     time.Time
 	Cursor        int64
 	Worker        string
+	// Total is -1 when NULL.
+	Total        int64
+	ProgressMark int64
+	// Finished: finished_at is set.
+	Finished bool
 }
 
 // Read returns job id's row, failing the test when it is missing.
@@ -164,8 +171,10 @@ func (d *DB) Read(t testing.TB, id string) Row {
 	t.Helper()
 	var r Row
 	err := d.Pool.QueryRow(context.Background(), `SELECT status, generation, coalesce(failure_reason, ''),
-       updated_at, "cursor", coalesce(worker, '') FROM jobs WHERE id = $1`, id).
-		Scan(&r.Status, &r.Generation, &r.FailureReason, &r.UpdatedAt, &r.Cursor, &r.Worker)
+       updated_at, "cursor", coalesce(worker, ''), coalesce(total, -1), progress_mark, finished_at IS NOT NULL
+  FROM jobs WHERE id = $1`, id).
+		Scan(&r.Status, &r.Generation, &r.FailureReason, &r.UpdatedAt, &r.Cursor, &r.Worker,
+			&r.Total, &r.ProgressMark, &r.Finished)
 	if err != nil {
 		t.Fatalf("reading job %s: %v", id, err)
 	}
@@ -181,4 +190,35 @@ func (d *DB) Events(t testing.TB, id, kind string) int {
 		t.Fatalf("counting %s events of %s: %v", kind, id, err)
 	}
 	return n
+}
+
+// Count runs sql, a query returning one integer (count(*), sum(...)), and
+// fails the test on error.
+func (d *DB) Count(t testing.TB, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := d.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("count %q: %v", sql, err)
+	}
+	return n
+}
+
+// LateResults returns the details of job id's late_result_rejected events,
+// oldest first.
+func (d *DB) LateResults(t testing.TB, id string) []jobs.LateResultDetail {
+	t.Helper()
+	rows, err := d.Pool.Query(context.Background(),
+		`SELECT detail FROM job_events WHERE job_id = $1 AND kind = 'late_result_rejected' ORDER BY id`, id)
+	if err != nil {
+		t.Fatalf("reading late results of %s: %v", id, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (jobs.LateResultDetail, error) {
+		var d jobs.LateResultDetail
+		err := r.Scan(&d)
+		return d, err
+	})
+	if err != nil {
+		t.Fatalf("reading late results of %s: %v", id, err)
+	}
+	return out
 }

@@ -1,0 +1,188 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TxBeginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a
+// savepoint) satisfy it.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// CompleteResult is the outcome of a successful completion.
+type CompleteResult struct {
+	// Replayed: the job was already COMPLETED by this generation, so this
+	// is a retry after a lost commit acknowledgement. Nothing was written,
+	// the on_completed cascade did not run again, and the caller must not
+	// write the completion's product rows again.
+	Replayed bool
+	// Confirmed: the completion is committed. Complete leaves it false
+	// unless Replayed (the caller still has to commit its transaction);
+	// CompleteWith and AutoComplete set it once their transaction committed.
+	Confirmed bool
+}
+
+const completeSQL = `
+UPDATE jobs SET status = 'COMPLETED', finished_at = now()
+ WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
+RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
+
+// Complete marks lease's job COMPLETED in the caller's transaction tx. It
+// must be the first write of tx: the completion's product rows, READY flags
+// and usage charges are written after it in tx, so that a refused
+// completion is known before any of them exists. In the same tx it appends a
+// "completed" event and runs the type's on_completed cascade.
+//
+// The UPDATE is fenced (status PROCESSING, the lease's generation). When it
+// matches nothing the row is re-read: COMPLETED by this generation returns
+// Replayed (a lost commit acknowledgement; the cascade does not run again).
+//
+// Errors (tx must then be rolled back; none of the caller's rows may be
+// written): ErrJobTerminal when the job is FAILED at the lease's generation
+// (reaped or failed); ErrStaleWorker when another generation owns the job (a
+// newer attempt claimed or completed it) or this attempt released it; both
+// record a late_result_rejected event outside tx. ErrNotFound for a missing
+// row; a wrapped cascade error naming the type and statement; otherwise a
+// wrapped driver error or the operation's timeout.
+func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
+	ctx, done := s.op(ctx, "Complete")
+	var ca cascadeArgs
+	err := tx.QueryRow(ctx, completeSQL, namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.completeRefused(ctx, tx, "Complete", lease, done)
+	}
+	if err != nil {
+		return CompleteResult{}, done(err)
+	}
+	ca.JobID = lease.JobID
+	if err := appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
+		return CompleteResult{}, done(err)
+	}
+	if err := s.cascades.runCompleted(ctx, tx, ca); err != nil {
+		return CompleteResult{}, done(err)
+	}
+	return CompleteResult{}, done(nil)
+}
+
+// completeRefused answers a completion UPDATE that matched no row, reading
+// the row through q.
+func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, lease Lease, done func(error) error) (CompleteResult, error) {
+	st, err := readState(ctx, q, lease.JobID)
+	if err != nil {
+		return CompleteResult{}, done(err)
+	}
+	if st.Status == StatusCompleted && st.Generation == lease.Generation {
+		return CompleteResult{Replayed: true, Confirmed: true}, done(nil)
+	}
+	if ferr := fenceError(lease, st); ferr != nil {
+		return CompleteResult{}, done(s.rejectLate(ctx, op, lease, st, ferr))
+	}
+	return CompleteResult{}, done(fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation))
+}
+
+// CompleteWith completes lease's job and writes the completion's product
+// rows in one transaction on db (nil: the Store's handle): Complete first,
+// then fn(tx), then commit. fn holds database writes only (product rows,
+// the parent's READY flag, a usage charge), never an external call: an API
+// request or an upload inside fn cannot be rolled back with tx and would
+// hold the job's row lock while it waits. Do such calls before CompleteWith,
+// with Lease.IdempotencyKey.
+//
+// A Replayed completion (a retry after a lost commit acknowledgement) does
+// not call fn: its rows were committed with the first completion. The
+// result is Confirmed when the transaction committed or replayed.
+//
+// Errors: those of Complete (nothing written); fn's error, wrapped, after
+// rolling back (the job stays PROCESSING); a failed commit, whose outcome is
+// unknown to the caller: retry CompleteWith, and a committed completion
+// answers Replayed.
+func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) (CompleteResult, error) {
+	if db == nil {
+		db = s.db
+	}
+	ctx, done := s.op(ctx, "CompleteWith")
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return CompleteResult{}, done(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	res, err := s.Complete(ctx, tx, lease)
+	if err != nil || res.Replayed {
+		return res, done(err)
+	}
+	if fn != nil {
+		if err := fn(tx); err != nil {
+			return CompleteResult{}, done(fmt.Errorf("completion writes of job %s (rolled back, job stays PROCESSING): %w", lease.JobID, err))
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return CompleteResult{}, done(fmt.Errorf("committing the completion of job %s (outcome unknown: retry, a committed completion answers Replayed): %w", lease.JobID, err))
+	}
+	return CompleteResult{Confirmed: true}, done(nil)
+}
+
+const checkCompletedSQL = `
+SELECT status, generation, coalesce(failure_reason, '') FROM jobs WHERE id = $1 FOR SHARE`
+
+// CheckCompleted re-checks, in the caller's transaction tx, that lease's
+// job is COMPLETED by lease's generation, and holds a share lock on the row
+// until tx ends so the status cannot change under the writes that follow.
+// Call it first in a transaction that writes what must follow a confirmed
+// completion but could not go into the completion's own transaction (a
+// usage charge that depends on later metadata writes).
+//
+// Errors: ErrStaleWorker when another generation owns the job (or this one
+// released it) and ErrJobTerminal when it is FAILED, both with a
+// late_result_rejected event written outside tx; ErrNotCompleted when it is
+// still PROCESSING at this generation; ErrNotFound for a missing row;
+// otherwise a wrapped driver error.
+func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) error {
+	ctx, done := s.op(ctx, "CheckCompleted")
+	var st jobState
+	err := tx.QueryRow(ctx, checkCompletedSQL, lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
+	}
+	if err != nil {
+		return done(err)
+	}
+	if st.Status == StatusCompleted && st.Generation == lease.Generation {
+		return done(nil)
+	}
+	if ferr := fenceError(lease, st); ferr != nil {
+		return done(s.rejectLate(ctx, "CheckCompleted", lease, st, ferr))
+	}
+	return done(fmt.Errorf("job %s is %s at generation %d: %w", lease.JobID, st.Status, st.Generation, ErrNotCompleted))
+}
+
+// AfterCompleted runs fn in a transaction on db (nil: the Store's handle)
+// that first re-checks with CheckCompleted that lease's job is COMPLETED by
+// lease's generation, and commits. Use it for writes that follow a confirmed
+// completion, such as a usage charge made only once every metadata update
+// succeeded. Like CompleteWith's fn, fn holds database writes only.
+//
+// Errors: those of CheckCompleted (fn not called); fn's error, wrapped,
+// after rolling back; a failed commit.
+func (s *Store) AfterCompleted(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) error {
+	if db == nil {
+		db = s.db
+	}
+	ctx, done := s.op(ctx, "AfterCompleted")
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return done(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := s.CheckCompleted(ctx, tx, lease); err != nil {
+		return done(err)
+	}
+	if err := fn(tx); err != nil {
+		return done(fmt.Errorf("writes after the completion of job %s (rolled back): %w", lease.JobID, err))
+	}
+	return done(tx.Commit(ctx))
+}

@@ -1,0 +1,93 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ReasonNoCompletion is the failure code of a job whose handler returned
+// success without a confirmed Complete while its type is not auto-complete:
+// writing product rows first and completing afterwards is the order that
+// lets a late result undo a recovery, so it is refused.
+const ReasonNoCompletion = "no_completion"
+
+// MaxFailureCodeLength bounds a failure code (bytes).
+const MaxFailureCodeLength = 64
+
+// failureCodePattern is a snake_case identifier: lower-case words of
+// letters and digits joined by single underscores.
+var failureCodePattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+
+// CheckFailureCode reports whether code may be stored in failure_reason: a
+// short snake_case identifier (at most MaxFailureCodeLength bytes) such as
+// "upstream_timeout". Error text is refused: it varies per occurrence,
+// breaks grouping and metrics, and may carry URLs or secrets; it belongs in
+// the log. The error wraps ErrInvalidArgument and, for the same reason, does
+// not quote the refused value.
+func CheckFailureCode(code string) error {
+	if len(code) > MaxFailureCodeLength || !failureCodePattern.MatchString(code) {
+		// The refused value is not quoted: it is often error text, which may
+		// carry a URL with a token.
+		return fmt.Errorf("failure code (%d bytes) must be a snake_case identifier of at most %d bytes, such as upstream_timeout, never error text: %w",
+			len(code), MaxFailureCodeLength, ErrInvalidArgument)
+	}
+	return nil
+}
+
+const failSQL = `
+UPDATE jobs SET status = 'FAILED', failure_reason = @code, finished_at = now()
+ WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
+RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
+
+// Fail ends lease's attempt and its job as FAILED with the fixed failure
+// code (see CheckFailureCode; the error's text goes to the log, not here).
+// In one transaction it runs the fenced UPDATE (status PROCESSING, the
+// lease's generation) that also sets finished_at, appends a "failed" event
+// and runs the type's on_failed cascade, the same cascade a reap runs, so a
+// worker-reported failure and a reap are one domain transition.
+//
+// Errors: ErrInvalidArgument for a bad code (nothing sent); ErrStaleWorker
+// when another generation owns the job or this attempt released it, and
+// ErrJobTerminal when it is already COMPLETED or FAILED, both with a
+// late_result_rejected event; ErrNotFound for a missing row; a wrapped
+// cascade error (nothing written); otherwise a wrapped driver error.
+func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
+	ctx, done := s.op(ctx, "Fail")
+	if err := CheckFailureCode(code); err != nil {
+		return done(fmt.Errorf("job %s: %w", lease.JobID, err))
+	}
+	matched := false
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var ca cascadeArgs
+		err := tx.QueryRow(ctx, failSQL, namedLease(lease, "code", code)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		matched = true
+		detail, err := json.Marshal(map[string]string{"code": code})
+		if err != nil {
+			return err
+		}
+		if err := appendEvent(ctx, tx, EventFailed, lease, detail); err != nil {
+			return err
+		}
+		ca.JobID = lease.JobID
+		return s.cascades.runFailed(ctx, tx, ca)
+	})
+	if err != nil || matched {
+		return done(err)
+	}
+	_, err = s.refuse(ctx, s.db, "Fail", lease)
+	if err == nil {
+		err = fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, lease.Generation)
+	}
+	return done(err)
+}

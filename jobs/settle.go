@@ -1,0 +1,125 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// This file holds the writes the start guard's outcome mapping needs
+// besides Fail: handing an attempt back for asynq's retry, and completing
+// a job whose handler returned success without calling Complete.
+
+const releaseSQL = `
+UPDATE jobs SET status = 'QUEUED'
+ WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation`
+
+// Release hands lease's job back to the queue after an error asynq will
+// retry: a fenced UPDATE (status PROCESSING, the lease's generation) to
+// QUEUED that keeps the cursor, so the next claim resumes where this attempt
+// stopped, and appends a "released" event in the same transaction. The
+// generation is kept; the next claim increments it, which fences anything
+// this attempt still writes.
+//
+// Errors: ErrStaleWorker when another generation owns the job (or it was
+// released already), ErrJobTerminal when it is COMPLETED or FAILED, both
+// with a late_result_rejected event; ErrNotFound for a missing row;
+// otherwise a wrapped driver error.
+func (s *Store) Release(ctx context.Context, lease Lease) error {
+	ctx, done := s.op(ctx, "Release")
+	matched := false
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, releaseSQL, namedLease(lease))
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		matched = true
+		return appendEvent(ctx, tx, EventReleased, lease, nil)
+	})
+	if err != nil || matched {
+		return done(err)
+	}
+	_, err = s.refuse(ctx, s.db, "Release", lease)
+	if err == nil {
+		err = fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, lease.Generation)
+	}
+	return done(err)
+}
+
+const autoCompleteSQL = `
+UPDATE jobs j SET status = 'COMPLETED', finished_at = now()
+  FROM job_types t
+ WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation
+   AND t.name = j.type AND t.auto_complete
+RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, '')`
+
+const autoStateSQL = `
+SELECT j.status, j.generation, coalesce(j.failure_reason, ''), coalesce(t.auto_complete, false)
+  FROM jobs j LEFT JOIN job_types t ON t.name = j.type
+ WHERE j.id = $1`
+
+// AutoComplete settles a handler that returned success: it completes
+// lease's job when its type is marked auto_complete, in one transaction with
+// a "completed" event and the on_completed cascade, as Complete does. The
+// UPDATE re-checks the type's auto_complete flag and the fence (status
+// PROCESSING, the lease's generation) in SQL.
+//
+// A job the handler already completed (COMPLETED by this generation) returns
+// Replayed, whatever its type, so the middleware may call AutoComplete after
+// every successful handler. A job of a type that is not auto-complete gets
+// ErrNotAutoComplete and nothing is written: the middleware then calls Fail
+// with ReasonNoCompletion.
+//
+// Errors: ErrNotAutoComplete as above; ErrStaleWorker or ErrJobTerminal
+// when the attempt is over, with a late_result_rejected event; ErrNotFound
+// for a missing row; a wrapped cascade error; otherwise a wrapped driver
+// error.
+func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, error) {
+	ctx, done := s.op(ctx, "AutoComplete")
+	matched := false
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var ca cascadeArgs
+		err := tx.QueryRow(ctx, autoCompleteSQL, namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		matched = true
+		if err := appendEvent(ctx, tx, EventCompleted, lease, []byte(`{"auto_complete": true}`)); err != nil {
+			return err
+		}
+		ca.JobID = lease.JobID
+		return s.cascades.runCompleted(ctx, tx, ca)
+	})
+	if err != nil {
+		return CompleteResult{}, done(err)
+	}
+	if matched {
+		return CompleteResult{Confirmed: true}, done(nil)
+	}
+	var (
+		st   jobState
+		auto bool
+	)
+	err = s.db.QueryRow(ctx, autoStateSQL, lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &auto)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
+	}
+	if err != nil {
+		return CompleteResult{}, done(err)
+	}
+	if st.Status == StatusCompleted && st.Generation == lease.Generation {
+		return CompleteResult{Replayed: true, Confirmed: true}, done(nil)
+	}
+	if ferr := fenceError(lease, st); ferr != nil {
+		return CompleteResult{}, done(s.rejectLate(ctx, "AutoComplete", lease, st, ferr))
+	}
+	if !auto {
+		return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotAutoComplete))
+	}
+	return CompleteResult{}, done(fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation))
+}
