@@ -47,6 +47,11 @@ type GuardStore interface {
 	// Claim starts an attempt if the row is still at expectedGeneration;
 	// an error wrapping jobs.ErrClaimLost when another claim won.
 	Claim(ctx context.Context, id string, expectedGeneration int64, worker string) (jobs.Lease, error)
+	// Release, Fail and AutoComplete settle an attempt after its handler
+	// returned; each is fenced by the lease (see outcome.go).
+	Release(ctx context.Context, lease jobs.Lease) error
+	Fail(ctx context.Context, lease jobs.Lease, code string) error
+	AutoComplete(ctx context.Context, lease jobs.Lease) (jobs.CompleteResult, error)
 }
 
 // MarkerReader reads markers; *MarkerStore satisfies it.
@@ -67,6 +72,10 @@ type Guard struct {
 	// taskID reads the task ID from the handler's context; tests replace
 	// it, since asynq offers no public way to build such a context.
 	taskID func(context.Context) (string, bool)
+	// retries reads the attempt's retry count and maximum from the
+	// handler's context (asynq.GetRetryCount, asynq.GetMaxRetry); tests
+	// replace it like taskID.
+	retries func(context.Context) (retried, maxRetry int, ok bool)
 }
 
 // GuardOption configures a Guard.
@@ -115,6 +124,7 @@ func NewGuard(store GuardStore, markers MarkerReader, opts ...GuardOption) *Guar
 		worker:  defaultWorker(),
 		logger:  slog.Default(),
 		taskID:  asynq.GetTaskID,
+		retries: asynqRetries,
 	}
 	for _, o := range opts {
 		o(g)

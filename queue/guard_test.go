@@ -111,7 +111,7 @@ func TestGuard(t *testing.T) {
 		if h.lease.JobID != "J1" || h.lease.Generation != 5 || h.lease.Worker != "W2" || h.lease.Queue != "exports" {
 			t.Fatalf("lease = %+v, want job J1 generation 5 worker W2 queue exports", h.lease)
 		}
-		r := requireRow(t, b.db, "J1", jobs.StatusProcessing, 5)
+		r := requireRow(t, b.db, "J1", jobs.StatusCompleted, 5) // auto_complete type, handler returned nil
 		if r.Worker != "W2" {
 			t.Fatalf("row worker = %q, want W2", r.Worker)
 		}
@@ -233,7 +233,7 @@ func TestGuard(t *testing.T) {
 			if won != 1 || lost != 1 {
 				t.Fatalf("job %s: %d guards won and %d lost, want 1 and 1", id, won, lost)
 			}
-			requireRow(t, b.db, id, jobs.StatusProcessing, 1)
+			requireRow(t, b.db, id, jobs.StatusCompleted, 1)
 			if n := b.db.Events(t, id, "claimed"); n != 1 {
 				t.Fatalf("job %s: claimed events = %d, want 1", id, n)
 			}

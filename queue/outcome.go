@@ -4,25 +4,164 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
-// settle maps the handler's result after an attempt the guard claimed.
-// This is the minimal mapping; the full outcome mapping of DESIGN.md ("The
-// worker side") replaces this file and keeps the signature:
+// Failure codes the outcome mapping stores in jobs.failure_reason when the
+// handler's error carries none (see Failure).
+const (
+	// CodeHandlerError: the handler returned an error asynq will not retry
+	// (it wraps asynq.SkipRetry).
+	CodeHandlerError = "handler_error"
+	// CodeRetriesExhausted: the handler failed on the task's last attempt.
+	CodeRetriesExhausted = "retries_exhausted"
+	// CodePanic: the handler panicked on the task's last attempt.
+	CodePanic = "handler_panic"
+)
+
+var codePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// codedError carries the failure code a handler chose.
+type codedError struct {
+	code string
+	err  error
+}
+
+func (e *codedError) Error() string { return e.code + ": " + e.err.Error() }
+func (e *codedError) Unwrap() error { return e.err }
+
+// Failure returns err tagged with code, a short snake_case failure code
+// (for example "source_missing"), for a handler to return. When the
+// outcome mapping fails the job, it stores code instead of a generic one;
+// err's text goes to the log only, never to the row. A code that is not
+// snake_case (at most 64 characters) is ignored and the generic code used.
+func Failure(code string, err error) error {
+	if err == nil {
+		err = errors.New(code)
+	}
+	return &codedError{code: code, err: err}
+}
+
+func failureCode(err error, fallback string) string {
+	var c *codedError
+	if errors.As(err, &c) && codePattern.MatchString(c.code) {
+		return c.code
+	}
+	return fallback
+}
+
+func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
+	retried, ok1 := asynq.GetRetryCount(ctx)
+	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
+	return retried, maxRetry, ok1 && ok2
+}
+
+// settle is the outcome mapping of DESIGN.md ("The worker side"): after
+// the handler of a claimed attempt returned err, it brings the job row in
+// line with what asynq will do with the task, fenced by the lease:
 //
-//   - jobs.ErrJobTerminal or jobs.ErrStaleWorker from the handler: the job
-//     was finished, reaped or claimed by a newer attempt, so a retry can
-//     only be refused again; the error is wrapped with asynq.SkipRetry.
-//   - anything else, nil included, is returned unchanged.
+//   - err wraps jobs.ErrJobTerminal or jobs.ErrStaleWorker: the job was
+//     finished, reaped or claimed by a newer attempt; nothing is written
+//     and the error is wrapped with asynq.SkipRetry (a retry could only be
+//     refused again).
+//   - err is nil: the handler's Complete confirmed the job (AutoComplete
+//     then reports a replay), or the type is auto_complete and the job is
+//     completed now; otherwise the job fails with jobs.ReasonNoCompletion
+//     and the task is archived: writing results and then completing
+//     afterwards is the order this product exists to prevent.
+//   - err is retryable (no asynq.SkipRetry, and retries remain): the row
+//     goes back to QUEUED with its cursor kept (jobs.Store.Release) and
+//     err is returned for asynq to retry.
+//   - err is not retryable, or this was the last attempt: the job fails
+//     with the code from Failure, else CodeHandlerError or
+//     CodeRetriesExhausted, and err is returned wrapped with
+//     asynq.SkipRetry.
+//
+// The writes use a context that asynq's cancellation (task timeout, lost
+// lease, shutdown) does not cancel: they are fenced, so a superseded
+// attempt changes nothing, and each has its own timeout in jobs.Store. A
+// write that fails for another reason is logged and err is returned as it
+// was: the next claim fences this attempt, and the reaper covers a row left
+// PROCESSING.
 func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
+	log := g.logger.With("job_id", lease.JobID, "generation", lease.Generation)
+	wctx := context.WithoutCancel(ctx)
 	if errors.Is(err, jobs.ErrJobTerminal) || errors.Is(err, jobs.ErrStaleWorker) {
-		g.logger.WarnContext(ctx, "attempt lost its job, task will not be retried",
-			"job_id", lease.JobID, "generation", lease.Generation, "reason", jobs.ErrorCode(err))
+		g.count("lost_job")
+		log.WarnContext(ctx, "attempt lost its job, task will not be retried", "reason", jobs.ErrorCode(err))
 		return fmt.Errorf("queue.Guard: job %s generation %d: %w: %w", lease.JobID, lease.Generation, err, asynq.SkipRetry)
 	}
-	return err
+	if err == nil {
+		return g.settleSuccess(wctx, log, lease)
+	}
+	retried, maxRetry, ok := g.retries(ctx)
+	lastAttempt := ok && retried >= maxRetry
+	if !errors.Is(err, asynq.SkipRetry) && !lastAttempt {
+		if rerr := g.store.Release(wctx, lease); rerr != nil {
+			return g.settleWriteFailed(ctx, log, lease, "release", err, rerr)
+		}
+		g.count("released")
+		log.InfoContext(ctx, "attempt failed, job back to QUEUED for asynq's retry", "retried", retried, "max_retry", maxRetry, "err", err)
+		return err
+	}
+	code := failureCode(err, CodeHandlerError)
+	if !errors.Is(err, asynq.SkipRetry) {
+		code = failureCode(err, CodeRetriesExhausted)
+	}
+	if ferr := g.store.Fail(wctx, lease, code); ferr != nil {
+		return g.settleWriteFailed(ctx, log, lease, "fail", err, ferr)
+	}
+	g.count("failed")
+	log.WarnContext(ctx, "attempt failed for good, job FAILED", "failure_reason", code, "err", err)
+	return fmt.Errorf("queue.Guard: job %s failed (%s): %w: %w", lease.JobID, code, err, asynq.SkipRetry)
+}
+
+func (g *Guard) settleSuccess(ctx context.Context, log interface {
+	WarnContext(context.Context, string, ...any)
+	InfoContext(context.Context, string, ...any)
+}, lease jobs.Lease) error {
+	res, err := g.store.AutoComplete(ctx, lease)
+	switch {
+	case err == nil && res.Replayed:
+		g.count("completed")
+		return nil
+	case err == nil:
+		g.count("auto_completed")
+		log.InfoContext(ctx, "handler returned without Complete; auto_complete type completed")
+		return nil
+	case errors.Is(err, jobs.ErrNotAutoComplete):
+		if ferr := g.store.Fail(ctx, lease, jobs.ReasonNoCompletion); ferr != nil {
+			return g.settleWriteFailed(ctx, nil, lease, "fail", nil, ferr)
+		}
+		g.count("no_completion")
+		log.WarnContext(ctx, "handler returned without a confirmed Complete; job FAILED",
+			"failure_reason", jobs.ReasonNoCompletion)
+		return fmt.Errorf("queue.Guard: job %s: handler returned nil without jobs.Complete (type is not auto_complete): %s: %w",
+			lease.JobID, jobs.ReasonNoCompletion, asynq.SkipRetry)
+	default:
+		return g.settleWriteFailed(ctx, nil, lease, "complete", nil, err)
+	}
+}
+
+// settleWriteFailed handles a settling write that did not go through. A
+// fenced refusal means the attempt lost its job: SkipRetry. Anything else
+// (an outage) leaves the row as it was and returns the handler's error, or
+// the write's error when the handler succeeded, for asynq to retry.
+func (g *Guard) settleWriteFailed(ctx context.Context, _ any, lease jobs.Lease, op string, handlerErr, writeErr error) error {
+	log := g.logger.With("job_id", lease.JobID, "generation", lease.Generation, "op", op)
+	if errors.Is(writeErr, jobs.ErrJobTerminal) || errors.Is(writeErr, jobs.ErrStaleWorker) {
+		g.count("lost_job")
+		log.WarnContext(ctx, "attempt lost its job before it settled, task will not be retried", "reason", jobs.ErrorCode(writeErr))
+		return fmt.Errorf("queue.Guard: job %s generation %d: %w: %w", lease.JobID, lease.Generation, writeErr, asynq.SkipRetry)
+	}
+	g.count("settle_failed")
+	log.ErrorContext(ctx, "could not record the attempt's outcome; the next claim fences this attempt", "err", writeErr)
+	if handlerErr != nil {
+		return handlerErr
+	}
+	return fmt.Errorf("queue.Guard: job %s: recording the outcome: %w", lease.JobID, writeErr)
 }
