@@ -1,0 +1,155 @@
+// Package config holds jobreaper's one Config struct: its defaults, its
+// loading from a YAML file, the environment and command-line flags, and its
+// validation with errors that name the setting, its value and the rule.
+//
+// Every setting has one name, its YAML key (stall_timeout); the flag is the
+// key with dashes (--stall-timeout) and the environment variable the key in
+// capitals behind JOBREAPER_ (JOBREAPER_STALL_TIMEOUT). Error messages use the
+// YAML key. Precedence, lowest first: defaults, the YAML file, the
+// environment, flags given on the command line.
+package config
+
+import (
+	"cmp"
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// Defaults. WithDefaults applies them to zero fields; Load starts from them.
+const (
+	// RedisURLDefault is a Redis on the same host, database 0: asynq's own
+	// default address.
+	RedisURLDefault = "redis://127.0.0.1:6379/0"
+	// SchemaDefault is the PostgreSQL schema of jobreaper's tables.
+	SchemaDefault = jobs.SchemaDefault
+	// IntervalDefault is the time between two daemon passes: short enough
+	// that a stalled job is failed within a minute of crossing its limits,
+	// long enough that a pass (a few Redis pages and one batched query) is
+	// a small fraction of it.
+	IntervalDefault = time.Minute
+	// StallTimeoutDefault is the idle time after which a job past its
+	// max_runtime is reaped, for job types whose stall_timeout is NULL. It
+	// leaves room above the minimum 2 x HeartbeatIntervalDefault +
+	// IntervalDefault = 11m, so one late heartbeat never reaps a live worker.
+	StallTimeoutDefault = 15 * time.Minute
+	// HeartbeatIntervalDefault is the worker library's heartbeat limiter:
+	// at most one progress write per job per process every 5 minutes, which
+	// keeps heartbeat writes cheap for long jobs.
+	HeartbeatIntervalDefault = 5 * time.Minute
+	// PageSizeDefault is the number of active tasks fetched per Redis page.
+	PageSizeDefault = PageSizeMin
+	// PageSizeMin is the smallest page size Validate accepts: asynq's
+	// Inspector ships every payload and re-checks every expired lease on
+	// each page, so small pages multiply that cost on a busy queue.
+	PageSizeMin = 1000
+	// HardTimeoutDefaultDefault is the asynq Timeout of job types whose
+	// hard_timeout is NULL: jobs.HardTimeoutDefault, 24 hours.
+	HardTimeoutDefaultDefault = jobs.HardTimeoutDefault
+	// MetricsAddrDefault serves /metrics and /healthz on the loopback
+	// interface only, so that a default install exposes nothing to the
+	// network; a sidecar sets ":9468" for its pod's scraper. Port 9468 is
+	// not used by Prometheus or its common exporters.
+	MetricsAddrDefault = "127.0.0.1:9468"
+	// MetricsAddrOff, as metrics_addr, starts no HTTP server.
+	MetricsAddrOff = "off"
+	// LogLevelDefault logs passes that changed something, warnings and
+	// errors; a quiet pass logs at debug.
+	LogLevelDefault = "info"
+	// LogFormatDefault is slog's key=value text; "json" suits log shippers.
+	LogFormatDefault = "text"
+	// StartJitterDefault is the upper bound of the random delay before the
+	// first pass, so that sidecars started together (one per worker pod)
+	// do not scan in step.
+	StartJitterDefault = time.Second
+	// OpTimeoutDefault bounds each single PostgreSQL statement or Redis
+	// call, so that a hung server costs one pass, not the daemon.
+	OpTimeoutDefault = jobs.OpTimeoutDefault
+)
+
+// Config is everything the jobreaper daemon and its commands are configured
+// with. The zero value is not usable: start from Load, or from a literal
+// passed through WithDefaults, and call Validate.
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection URL. Required.
+	DatabaseURL string `yaml:"database_url" koanf:"database_url"`
+	// RedisURL is the Redis URL asynq uses (redis://, rediss:// or unix://).
+	RedisURL string `yaml:"redis_url" koanf:"redis_url"`
+	// Schema is the PostgreSQL schema of jobreaper's tables.
+	Schema string `yaml:"schema" koanf:"schema"`
+	// Queues are the asynq queues to scan. Empty: every queue asynq knows,
+	// discovered again at every pass.
+	Queues []string `yaml:"queues" koanf:"queues"`
+	// Interval is the time between two daemon passes.
+	Interval time.Duration `yaml:"interval" koanf:"interval"`
+	// StallTimeout is the idle time (no progress) after which a job past
+	// its type's max_runtime is reaped, for types whose stall_timeout is
+	// NULL. It must be at least MinStallTimeout.
+	StallTimeout time.Duration `yaml:"stall_timeout" koanf:"stall_timeout"`
+	// HeartbeatInterval is the workers' heartbeat limiter: the longest gap
+	// between two progress writes of a live job.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval" koanf:"heartbeat_interval"`
+	// PageSize is the number of active tasks fetched per Redis page; at
+	// least PageSizeMin.
+	PageSize int `yaml:"page_size" koanf:"page_size"`
+	// HardTimeoutDefault is the asynq Timeout of job types whose
+	// hard_timeout is NULL.
+	HardTimeoutDefault time.Duration `yaml:"hard_timeout_default" koanf:"hard_timeout_default"`
+	// MetricsAddr is the host:port of the /metrics and /healthz server, or
+	// MetricsAddrOff.
+	MetricsAddr string `yaml:"metrics_addr" koanf:"metrics_addr"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level" koanf:"log_level"`
+	// LogFormat is text or json.
+	LogFormat string `yaml:"log_format" koanf:"log_format"`
+	// StartJitter is the upper bound of a random delay before the first
+	// pass; 0 disables it (set it to 0s in the file or by flag: WithDefaults
+	// reads a zero as unset).
+	StartJitter time.Duration `yaml:"start_jitter" koanf:"start_jitter"`
+	// OpTimeout bounds each single PostgreSQL statement or Redis call.
+	OpTimeout time.Duration `yaml:"op_timeout" koanf:"op_timeout"`
+	// Cascades are each job type's on_failed and on_completed statements.
+	// They are read from the config file only (SQL does not belong in a
+	// flag or an environment variable).
+	Cascades jobs.Cascades `yaml:"cascades" koanf:"cascades"`
+}
+
+// WithDefaults returns a copy of c in which every zero field holds its
+// default. Queues and Cascades have none: empty Queues means every queue,
+// and no cascade is the default. DatabaseURL has none either: it is
+// required.
+func (c Config) WithDefaults() Config {
+	c.RedisURL = cmp.Or(c.RedisURL, RedisURLDefault)
+	c.Schema = cmp.Or(c.Schema, SchemaDefault)
+	c.Interval = cmp.Or(c.Interval, IntervalDefault)
+	c.StallTimeout = cmp.Or(c.StallTimeout, StallTimeoutDefault)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, HeartbeatIntervalDefault)
+	c.PageSize = cmp.Or(c.PageSize, PageSizeDefault)
+	c.HardTimeoutDefault = cmp.Or(c.HardTimeoutDefault, HardTimeoutDefaultDefault)
+	c.MetricsAddr = cmp.Or(c.MetricsAddr, MetricsAddrDefault)
+	c.LogLevel = cmp.Or(c.LogLevel, LogLevelDefault)
+	c.LogFormat = cmp.Or(c.LogFormat, LogFormatDefault)
+	c.StartJitter = cmp.Or(c.StartJitter, StartJitterDefault)
+	c.OpTimeout = cmp.Or(c.OpTimeout, OpTimeoutDefault)
+	return c
+}
+
+// MinStallTimeout is 2 x HeartbeatInterval + Interval: the longest a live
+// worker can look idle to the reaper. Its heartbeats land up to one
+// HeartbeatInterval apart, one may land just after the limiter let the
+// previous one through late, and the pass that reads it runs up to one
+// Interval later. A stall timeout below it reaps live workers.
+func (c Config) MinStallTimeout() time.Duration {
+	return 2*c.HeartbeatInterval + c.Interval
+}
+
+// StallRule returns the daemon-wide part of the stall rule for the reaper:
+// StallTimeout as the default stall timeout, MinStallTimeout as the floor a
+// job_types row must meet, and HardTimeoutDefault.
+func (c Config) StallRule() jobs.StallRule {
+	return jobs.StallRule{
+		DefaultStallTimeout: c.StallTimeout,
+		MinStallTimeout:     c.MinStallTimeout(),
+		DefaultHardTimeout:  c.HardTimeoutDefault,
+	}
+}

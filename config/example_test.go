@@ -1,0 +1,75 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The example shipped in deploy/ must load without unknown keys and, with
+// the database URL the environment gives it, validate.
+func TestExampleConfigLoadsAndValidates(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(Sources{
+		File:    "../deploy/jobreaper.example.yaml",
+		Environ: []string{"JOBREAPER_DATABASE_URL=postgres://jobreaper:pw@db:5432/app"},
+	})
+	if err != nil {
+		t.Fatalf("loading the example: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the example does not validate: %v", err)
+	}
+	if !slices.Equal(cfg.Queues, []string{"default", "critical"}) || cfg.StallTimeout != 15*time.Minute {
+		t.Fatalf("example values not read: %+v", cfg)
+	}
+	c, ok := cfg.Cascades["video.transcode"]
+	if !ok || len(c.OnFailed) != 1 || len(c.OnCompleted) != 2 {
+		t.Fatalf("example cascade not read: %#v", cfg.Cascades)
+	}
+}
+
+// The configuration inside the Kubernetes example's ConfigMap must load and
+// validate too.
+func TestKubernetesExampleConfigLoadsAndValidates(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../deploy/kubernetes-sidecar.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	var embedded string
+	for {
+		var doc struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("parsing the manifest: %v", err)
+		}
+		if doc.Kind == "ConfigMap" {
+			embedded = doc.Data["jobreaper.yaml"]
+		}
+	}
+	if embedded == "" {
+		t.Fatal("the manifest has no ConfigMap with jobreaper.yaml")
+	}
+	cfg, err := Load(Sources{
+		File:    writeFile(t, embedded),
+		Environ: []string{"JOBREAPER_DATABASE_URL=postgres://jobreaper:pw@db:5432/app", "JOBREAPER_METRICS_ADDR=:9468"},
+	})
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatalf("the ConfigMap's config: %v", err)
+	}
+}

@@ -1,0 +1,148 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// EnvPrefix starts the name of every environment variable jobreaper reads.
+const EnvPrefix = "JOBREAPER_"
+
+// EnvConfigFile names the YAML file to load when --config is not given.
+const EnvConfigFile = EnvPrefix + "CONFIG"
+
+// FlagConfigFile is the flag that names the YAML file to load.
+const FlagConfigFile = "config"
+
+// keyCascades is the one setting that only the file can hold.
+const keyCascades = "cascades"
+
+// setting describes one Config field that the file, the environment and a
+// flag can all set.
+type setting struct {
+	key   string // YAML key and koanf path, e.g. "stall_timeout"
+	usage string // flag help; the default is appended by pflag
+	// secret settings never show their value in an error except through
+	// jobs.RedactURL.
+	secret bool
+}
+
+// settings lists, in help order, every Config field except Cascades.
+var settings = []setting{
+	{key: "database_url", secret: true, usage: "PostgreSQL URL, e.g. postgres://user:password@host:5432/db (required; passwords never appear in logs or errors)"},
+	{key: "redis_url", secret: true, usage: "Redis URL of the asynq queues: redis://[:password@]host:port/db, rediss:// for TLS"},
+	{key: "schema", usage: "PostgreSQL schema of jobreaper's tables"},
+	{key: "queues", usage: "asynq queues to scan, comma-separated; empty scans every queue asynq knows, rediscovered at each pass"},
+	{key: "interval", usage: "time between two daemon passes (Go duration: 90s, 5m, 1h)"},
+	{key: "stall_timeout", usage: "idle time after which a job past its max_runtime is reaped, for types without their own; at least 2 x heartbeat-interval + interval (Go duration)"},
+	{key: "heartbeat_interval", usage: "longest gap between two heartbeats of a live worker (the worker library's limiter) (Go duration)"},
+	{key: "page_size", usage: "active tasks fetched per Redis page, at least 1000 (tasks)"},
+	{key: "hard_timeout_default", usage: "asynq Timeout of job types without their own hard_timeout: asynq cancels and retries a task after it (Go duration)"},
+	{key: "metrics_addr", usage: `host:port serving /metrics and /healthz; "off" starts no server`},
+	{key: "log_level", usage: "log level: debug, info, warn or error (logs go to stderr)"},
+	{key: "log_format", usage: "log format: text or json"},
+	{key: "start_jitter", usage: "upper bound of a random delay before the first pass; 0s disables it (Go duration)"},
+	{key: "op_timeout", usage: "timeout of each single PostgreSQL or Redis operation (Go duration)"},
+}
+
+// flagName returns the flag of a YAML key: stall_timeout -> stall-timeout.
+func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+// envName returns the environment variable of a YAML key:
+// stall_timeout -> JOBREAPER_STALL_TIMEOUT.
+func envName(key string) string { return EnvPrefix + strings.ToUpper(key) }
+
+// Names returns how the operator writes the setting key in each source:
+// its flag (with dashes) and environment variable. It returns ok=false for
+// a key that is not a setting (cascades has neither).
+func Names(key string) (flag, env string, ok bool) {
+	for _, s := range settings {
+		if s.key == key {
+			return "--" + flagName(key), envName(key), true
+		}
+	}
+	return "", "", false
+}
+
+// RegisterFlags defines on fs one flag per setting, named after its YAML key
+// with dashes, showing the default in its help, plus --config. Load reads
+// only the flags the command line set, so a flag's default never overrides
+// the file or the environment.
+func RegisterFlags(fs *pflag.FlagSet) {
+	def := reflect.ValueOf(Config{}.WithDefaults())
+	fs.String(FlagConfigFile, "", "YAML config file (also "+EnvConfigFile+"); see deploy/jobreaper.example.yaml")
+	for _, s := range settings {
+		name := flagName(s.key)
+		v := fieldOf(def, s.key)
+		switch v.Interface().(type) {
+		case time.Duration:
+			fs.Duration(name, time.Duration(v.Int()), s.usage)
+		case int:
+			fs.Int(name, int(v.Int()), s.usage)
+		case []string:
+			fs.StringSlice(name, nil, s.usage)
+		case string:
+			fs.String(name, v.String(), s.usage)
+		default:
+			panic(fmt.Sprintf("config: no flag kind for %s (%s)", s.key, v.Type()))
+		}
+	}
+}
+
+// fieldOf returns the field of the Config struct v whose koanf tag is key.
+// It panics on an unknown key: the settings table and the struct disagree.
+func fieldOf(v reflect.Value, key string) reflect.Value {
+	t := v.Type()
+	for i := range t.NumField() {
+		if t.Field(i).Tag.Get("koanf") == key {
+			return v.Field(i)
+		}
+	}
+	panic("config: no Config field tagged " + key)
+}
+
+// knownKeys returns every YAML key, settings and cascades.
+func knownKeys() []string {
+	keys := make([]string, 0, len(settings)+1)
+	for _, s := range settings {
+		keys = append(keys, s.key)
+	}
+	return append(keys, keyCascades)
+}
+
+// closest returns the known key nearest to key by edit distance when it is
+// close enough to be a typo, else "".
+func closest(key string, known []string) string {
+	best, bestD := "", len(key)/2+2
+	for _, k := range known {
+		if d := editDistance(key, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, sub)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

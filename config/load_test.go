@@ -1,0 +1,276 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// writeFile writes a YAML file into the test's temporary directory.
+func writeFile(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "jobreaper.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// flags returns a FlagSet from RegisterFlags, parsed from args.
+func flags(t *testing.T, args ...string) *pflag.FlagSet {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	RegisterFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+
+	t.Run("WithNoSourceReturnsTheDefaults", func(t *testing.T) {
+		t.Parallel()
+		got, err := Load(Sources{Flags: flags(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, Config{}.WithDefaults()) {
+			t.Fatalf("got %+v", got)
+		}
+	})
+
+	t.Run("FileOverridesDefaultsEnvOverridesFileFlagsOverrideEnv", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, `
+database_url: postgres://file@db/app
+redis_url: redis://file:6379/1
+interval: 2m
+stall_timeout: 30m
+heartbeat_interval: 4m
+queues: [file-a, file-b]
+`)
+		env := []string{
+			"JOBREAPER_STALL_TIMEOUT=40m",
+			"JOBREAPER_HEARTBEAT_INTERVAL=3m",
+			"JOBREAPER_QUEUES=env-a, env-b",
+			"PATH=/usr/bin",
+		}
+		got, err := Load(Sources{File: path, Environ: env, Flags: flags(t, "--heartbeat-interval=2m", "--queues", "flag-a")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.DatabaseURL != "postgres://file@db/app" || got.RedisURL != "redis://file:6379/1" || got.Interval != 2*time.Minute {
+			t.Errorf("file values lost: %+v", got)
+		}
+		if got.StallTimeout != 40*time.Minute {
+			t.Errorf("stall_timeout = %s, want the environment's 40m", got.StallTimeout)
+		}
+		if got.HeartbeatInterval != 2*time.Minute {
+			t.Errorf("heartbeat_interval = %s, want the flag's 2m", got.HeartbeatInterval)
+		}
+		if !slices.Equal(got.Queues, []string{"flag-a"}) {
+			t.Errorf("queues = %q, want the flag's", got.Queues)
+		}
+		if got.PageSize != PageSizeDefault || got.Schema != SchemaDefault {
+			t.Errorf("unset values lost their defaults: %+v", got)
+		}
+	})
+
+	t.Run("FlagsLeftAtTheirDefaultDoNotOverride", func(t *testing.T) {
+		t.Parallel()
+		got, err := Load(Sources{Environ: []string{"JOBREAPER_INTERVAL=3m"}, Flags: flags(t, "--schema", "jr")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Interval != 3*time.Minute || got.Schema != "jr" {
+			t.Fatalf("got interval %s schema %s", got.Interval, got.Schema)
+		}
+	})
+
+	t.Run("ReadsEverySettingFromTheEnvironment", func(t *testing.T) {
+		t.Parallel()
+		env := []string{
+			"JOBREAPER_DATABASE_URL=postgres://env@db/app", "JOBREAPER_REDIS_URL=redis://env:6379/2",
+			"JOBREAPER_SCHEMA=jr", "JOBREAPER_QUEUES=a,b", "JOBREAPER_INTERVAL=2m",
+			"JOBREAPER_STALL_TIMEOUT=20m", "JOBREAPER_HEARTBEAT_INTERVAL=4m", "JOBREAPER_PAGE_SIZE=2000",
+			"JOBREAPER_HARD_TIMEOUT_DEFAULT=12h", "JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
+			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
+		}
+		got, err := Load(Sources{Environ: env})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Config{
+			DatabaseURL: "postgres://env@db/app", RedisURL: "redis://env:6379/2", Schema: "jr",
+			Queues: []string{"a", "b"}, Interval: 2 * time.Minute, StallTimeout: 20 * time.Minute,
+			HeartbeatInterval: 4 * time.Minute, PageSize: 2000, HardTimeoutDefault: 12 * time.Hour,
+			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("\n got %+v\nwant %+v", got, want)
+		}
+	})
+
+	t.Run("IgnoresEmptyAndForeignEnvironmentVariables", func(t *testing.T) {
+		t.Parallel()
+		got, err := Load(Sources{Environ: []string{
+			"JOBREAPER_INTERVAL=", "JOBREAPER_SERVICE_HOST=10.0.0.1", "JOBREAPER_PORT=tcp://10.0.0.1:9468",
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Interval != IntervalDefault {
+			t.Fatalf("interval = %s", got.Interval)
+		}
+	})
+
+	t.Run("RefusesUnknownKeyInFileNamingIt", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "stal_timeout: 30m\nfrobnicate: yes\n")
+		_, err := Load(Sources{File: path})
+		ps := problems(t, err)
+		if len(ps) != 2 {
+			t.Fatalf("want 2 problems, got %v", err)
+		}
+		if ps[0].Key != "frobnicate" || !strings.Contains(ps[0].Msg, `unknown key "frobnicate"`) ||
+			!strings.Contains(ps[0].Msg, "known keys: database_url,") {
+			t.Errorf("first problem: %s", ps[0].Msg)
+		}
+		if ps[1].Key != "stal_timeout" || !strings.Contains(ps[1].Msg, `unknown key "stal_timeout" (did you mean "stall_timeout"?)`) {
+			t.Errorf("second problem: %s", ps[1].Msg)
+		}
+	})
+
+	t.Run("NamesFieldAndValueOfMalformedValues", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, `
+interval: 5 minutes
+stall_timeout: 900
+page_size: lots
+schema: 7
+queues: {a: b}
+`)
+		_, err := Load(Sources{File: path})
+		want := []string{
+			`interval: "5 minutes" is not a duration (use Go syntax such as 5m or 90s)`,
+			`stall_timeout: 900 is not a duration (use Go syntax such as 5m or 90s, with a unit)`,
+			`page_size: "lots" is not a whole number`,
+			`schema: 7 is not a string`,
+			`queues: map[a:b] is not a list of names`,
+		}
+		ps := problems(t, err)
+		if len(ps) != len(want) {
+			t.Fatalf("want %d problems, got: %v", len(want), err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error lacks %q:\n%v", w, err)
+			}
+		}
+	})
+
+	t.Run("NamesEnvironmentValueThatIsNotADuration", func(t *testing.T) {
+		t.Parallel()
+		_, err := Load(Sources{Environ: []string{"JOBREAPER_INTERVAL=5 minutes"}})
+		requireProblem(t, err, "interval", `interval: "5 minutes" is not a duration`)
+	})
+
+	t.Run("RefusesKeyWithoutValue", func(t *testing.T) {
+		t.Parallel()
+		_, err := Load(Sources{File: writeFile(t, "interval:\nqueues:\n")})
+		requireProblem(t, err, "interval", "interval has no value")
+	})
+
+	t.Run("ReadsCascadesFromTheFileKeepingDottedTypeNames", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, `
+cascades:
+  report.export:
+    on_failed:
+      - UPDATE reports SET status = 'FAILED' WHERE id = @parent_id
+    on_completed: UPDATE reports SET pending = pending - 1 WHERE id = @parent_id
+`)
+		got, err := Load(Sources{File: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := jobs.Cascades{"report.export": {
+			OnFailed:    []string{"UPDATE reports SET status = 'FAILED' WHERE id = @parent_id"},
+			OnCompleted: []string{"UPDATE reports SET pending = pending - 1 WHERE id = @parent_id"},
+		}}
+		if !reflect.DeepEqual(got.Cascades, want) {
+			t.Fatalf("cascades = %#v", got.Cascades)
+		}
+	})
+
+	t.Run("RefusesUnknownCascadeKey", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "cascades:\n  crawl.site:\n    on_fail: [SELECT 1]\n")
+		_, err := Load(Sources{File: path})
+		requireProblem(t, err, `cascades["crawl.site"]`, `unknown key "on_fail"`, "on_failed, on_completed")
+	})
+
+	t.Run("SaysWhenTheFileIsMissing", func(t *testing.T) {
+		t.Parallel()
+		_, err := Load(Sources{File: filepath.Join(t.TempDir(), "nope.yaml")})
+		if err == nil || !strings.Contains(err.Error(), "nope.yaml does not exist (check --config or JOBREAPER_CONFIG)") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+
+	t.Run("SaysWhenTheFileIsNotYAML", func(t *testing.T) {
+		t.Parallel()
+		_, err := Load(Sources{File: writeFile(t, "interval: [1m\n")})
+		if err == nil || !strings.Contains(err.Error(), "is not valid YAML") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+
+	t.Run("NeverShowsAPasswordOfAMalformedURL", func(t *testing.T) {
+		t.Parallel()
+		_, err := Load(Sources{File: writeFile(t, "database_url: [postgres://u:s3cretpw@db/app]\nredis_url: 5\n")})
+		if err == nil || strings.Contains(err.Error(), "s3cretpw") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func TestConfigFile(t *testing.T) {
+	t.Parallel()
+	env := []string{"JOBREAPER_CONFIG=/etc/jobreaper/env.yaml"}
+	if got := ConfigFile(flags(t, "--config", "/tmp/flag.yaml"), env); got != "/tmp/flag.yaml" {
+		t.Errorf("flag: got %q", got)
+	}
+	if got := ConfigFile(flags(t), env); got != "/etc/jobreaper/env.yaml" {
+		t.Errorf("env: got %q", got)
+	}
+	if got := ConfigFile(nil, nil); got != "" {
+		t.Errorf("none: got %q", got)
+	}
+}
+
+func TestRegisterFlags(t *testing.T) {
+	t.Parallel()
+	fs := flags(t)
+	for _, s := range settings {
+		if fs.Lookup(flagName(s.key)) == nil {
+			t.Errorf("no flag for %s", s.key)
+		}
+	}
+	if got := fs.Lookup("stall-timeout").DefValue; got != "15m0s" {
+		t.Errorf("--stall-timeout default shown as %q", got)
+	}
+	if flag, env, ok := Names("stall_timeout"); !ok || flag != "--stall-timeout" || env != "JOBREAPER_STALL_TIMEOUT" {
+		t.Errorf("Names(stall_timeout) = %s %s %v", flag, env, ok)
+	}
+}
