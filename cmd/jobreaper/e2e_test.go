@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// e2eRedisURL is the real Redis the end-to-end test runs asynq on.
+const e2eRedisURL = "redis://127.0.0.1:6379/0"
+
+// worker is a real asynq Server with the start guard in front of handler.
+type worker struct {
+	srv *asynq.Server
+}
+
+func startWorker(t *testing.T, db *jobstest.DB, rdb *redis.Client, q, name string, handler asynq.HandlerFunc) *worker {
+	t.Helper()
+	markers, err := queue.NewMarkerStore(rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard := queue.NewGuard(jobs.NewStore(db.Pool), markers, queue.WithWorker(name))
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Queues:          map[string]int{q: 1},
+		Concurrency:     4,
+		ShutdownTimeout: 300 * time.Millisecond,
+		LogLevel:        asynq.FatalLevel,
+		IsFailure:       queue.IsFailure,
+	})
+	mux := asynq.NewServeMux()
+	mux.Use(guard.Middleware())
+	mux.Handle("e2e", handler)
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	return &worker{srv: srv}
+}
+
+// TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker runs a real asynq
+// worker with the start guard on real Redis and PostgreSQL. One handler
+// hangs, one makes progress past its limit, one is within its limit. Time
+// passing is simulated by moving the rows' timestamps back on the database
+// clock. `run --once` must reap exactly the hung job, and redelivering its
+// task must not run the handler: asynq archives it.
+func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := jobstest.New(t)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (see README, \"Running the tests\")", err)
+	}
+	q := "e2e_" + db.Schema
+	hung, progressing, fresh := q+"-hung", q+"-progressing", q+"-fresh"
+	inspector := asynq.NewInspectorFromRedisClient(rdb)
+	t.Cleanup(func() {
+		_ = inspector.DeleteQueue(q, true)
+		rdb.Del(context.Background(), queue.MarkerKey(hung), queue.MarkerKey(progressing), queue.MarkerKey(fresh))
+	})
+
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.JobType(t, "crawl.site", "60 minutes", "", "")
+	for id, typ := range map[string]string{hung: "report.export", progressing: "crawl.site", fresh: "report.export"} {
+		db.Insert(t, jobstest.Job{ID: id, Type: typ, Status: jobs.StatusQueued, Queue: q})
+	}
+
+	// W1: every handler blocks, ignoring its context like a hung model call.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	started := make(chan string, 3)
+	w1 := startWorker(t, db, rdb, q, "w1", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		<-release
+		return errors.New("the hung call finally failed")
+	})
+	w1Stopped := false
+	t.Cleanup(func() {
+		if !w1Stopped {
+			w1.srv.Shutdown()
+		}
+	})
+	client := asynq.NewClientFromRedisClient(rdb)
+	store := jobs.NewStore(db.Pool)
+	for _, id := range []string{hung, progressing, fresh} {
+		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("e2e", nil), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		select {
+		case <-started:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the worker did not start all three tasks within 20s")
+		}
+	}
+
+	// 31 minutes after the claim: the hung job last moved 21 minutes ago,
+	// the progressing one 2 minutes ago (it is 3 hours into its run).
+	db.Exec(t, `UPDATE jobs SET started_at = now() - interval '31 minutes', updated_at = now() - interval '21 minutes' WHERE id = $1`, hung)
+	db.Exec(t, `UPDATE jobs SET started_at = now() - interval '3 hours', updated_at = now() - interval '2 minutes' WHERE id = $1`, progressing)
+	beforeProgressing, beforeFresh := db.Read(t, progressing), db.Read(t, fresh)
+
+	var stdout, stderr bytes.Buffer
+	code := execute(ctx, []string{"run", "--once", "--output", "json",
+		"--database-url", db.URL, "--schema", db.Schema, "--redis-url", e2eRedisURL, "--queues", q}, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	if code != 0 {
+		t.Fatalf("run --once exit code = %d, want 0; stdout %q", code, stdout.String())
+	}
+	var got struct {
+		Scanned, Reaped, Errors int
+		Skipped                 map[string]int
+	}
+	dec := json.NewDecoder(strings.NewReader(stdout.String()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, stdout.String())
+	}
+	if dec.More() {
+		t.Fatalf("stdout holds more than one JSON document:\n%s", stdout.String())
+	}
+	if got.Scanned != 3 || got.Reaped != 1 || got.Errors != 0 || got.Skipped["progressing"] != 1 || got.Skipped["within_limit"] != 1 || len(got.Skipped) != 2 {
+		t.Fatalf("summary = %+v, want scanned 3, reaped 1, skipped progressing 1 and within_limit 1, errors 0", got)
+	}
+	if row := db.Read(t, hung); row.Status != jobs.StatusFailed || row.FailureReason != "stalled" || row.Generation != 1 {
+		t.Fatalf("hung job = %+v, want FAILED stalled at generation 1", row)
+	}
+	if n := db.Events(t, hung, "reaped"); n != 1 {
+		t.Fatalf("reaped events = %d, want 1", n)
+	}
+	ttl, err := rdb.TTL(ctx, queue.MarkerKey(hung)).Result()
+	if err != nil || ttl <= 604790*time.Second || ttl > 604800*time.Second {
+		t.Fatalf("marker TTL = %v (%v), want in (604790s, 604800s]", ttl, err)
+	}
+	if row := db.Read(t, progressing); row != beforeProgressing {
+		t.Fatalf("progressing job changed: %+v -> %+v", beforeProgressing, row)
+	}
+	if row := db.Read(t, fresh); row != beforeFresh {
+		t.Fatalf("within-limit job changed: %+v -> %+v", beforeFresh, row)
+	}
+
+	// W1 shuts down (a rolling deploy): asynq waits ShutdownTimeout, then
+	// puts the still-running tasks back in the queue. W2 picks them up.
+	w1.srv.Shutdown()
+	w1Stopped = true
+	var mu sync.Mutex
+	calls := map[string]int{}
+	w2 := startWorker(t, db, rdb, q, "w2", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		calls[id]++
+		mu.Unlock()
+		<-release
+		return nil
+	})
+	t.Cleanup(w2.srv.Shutdown)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := inspector.GetTaskInfo(q, hung)
+		if err == nil && info.State == asynq.TaskStateArchived {
+			if !strings.Contains(info.LastErr, "reaped") && !strings.Contains(info.LastErr, "FAILED") {
+				t.Errorf("archived task's last error = %q, want it to say the job was reaped", info.LastErr)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the redelivered reaped task was not archived within 30s (last state %v, err %v)", stateOf(info), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls[hung] != 0 {
+		t.Fatalf("handler ran %d times for the reaped job after its reap, want 0", calls[hung])
+	}
+	if row := db.Read(t, hung); row.Status != jobs.StatusFailed || row.Generation != 1 {
+		t.Fatalf("hung job after redelivery = %+v, want FAILED at generation 1", row)
+	}
+}
+
+func stateOf(info *asynq.TaskInfo) string {
+	if info == nil {
+		return "unknown"
+	}
+	return fmt.Sprint(info.State)
+}

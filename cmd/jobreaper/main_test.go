@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// Every pool, client and server a command opens is closed before
+	// execute returns, and tests close theirs at cleanup.
+	goleak.VerifyTestMain(m)
+}
+
+// redisTestDB is the Redis database the tests that write asynq state use,
+// so that no other package's queue discovery on database 0 sees their
+// queues.
+const redisTestDB = "10"
+
+// redisTestURL is the real test Redis: JOBREAPER_TEST_REDIS_ADDR or
+// 127.0.0.1:6379, database redisTestDB.
+func redisTestURL() string {
+	return "redis://" + cmp.Or(os.Getenv("JOBREAPER_TEST_REDIS_ADDR"), "127.0.0.1:6379") + "/" + redisTestDB
+}
+
+// realRedis returns a client of the test Redis database, closed at
+// cleanup. It fails the test (never skips it) when Redis is not reachable.
+func realRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(redisTestURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Redis for tests is not reachable at %s (%v); run `make services` or set JOBREAPER_TEST_REDIS_ADDR", redisTestURL(), err)
+	}
+	return c
+}
+
+// unique returns prefix + a random suffix, for queue names and job IDs
+// that tests sharing one Redis must not mix up.
+func unique(prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:])
+}
+
+// result is what one in-process run of the binary left behind.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// run executes the command line args in-process, as main would, and
+// returns its exit code and output.
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := execute(t.Context(), args, &stdout, &stderr)
+	t.Logf("jobreaper %s -> exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// requireExit fails the test unless r exited with code.
+func requireExit(t *testing.T, r result, code int) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit code %d, want %d; stderr: %s", r.code, code, r.stderr)
+	}
+}
+
+// requireOneLineError fails unless stderr is one line that contains every
+// fragment and stdout is empty.
+func requireOneLineError(t *testing.T, r result, fragments ...string) {
+	t.Helper()
+	if r.stdout != "" {
+		t.Errorf("stdout should be empty, got %q", r.stdout)
+	}
+	if strings.Count(r.stderr, "\n") != 1 || !strings.HasSuffix(r.stderr, "\n") {
+		t.Errorf("stderr should be exactly one line, got %q", r.stderr)
+	}
+	for _, f := range fragments {
+		if !strings.Contains(r.stderr, f) {
+			t.Errorf("stderr %q lacks %q", r.stderr, f)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a daemon writing while the test
+// reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// eventually polls cond every 20 ms until it holds or 10 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

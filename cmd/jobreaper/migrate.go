@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+func (a *app) migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or update jobreaper's tables in --schema (idempotent; contacts only PostgreSQL)",
+		Long: `migrate creates the schema named by --schema if it is missing and applies every
+pending migration (job_types, jobs, job_events, job_batches). Running it again
+applies nothing. Concurrent runs against one schema wait for each other.
+It contacts only PostgreSQL, and prints the versions it applied.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := a.loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, a.stderr).With("component", "migrate")
+			ctx := cmd.Context()
+			pool, err := connectPostgres(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := jobs.Migrate(ctx, pool, cfg.Schema)
+			if err != nil {
+				return cannotRun("migrating schema %q of the PostgreSQL database %s failed: %v; nothing after the failed version was applied, fix the cause and run migrate again",
+					cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
+			}
+			if len(applied) == 0 {
+				fmt.Fprintf(a.stdout, "schema %q is up to date: no migration applied\n", cfg.Schema)
+				return nil
+			}
+			versions := make([]string, len(applied))
+			for i, v := range applied {
+				versions[i] = strconv.FormatInt(v, 10)
+			}
+			log.Info("migrations applied", "schema", cfg.Schema, "versions", versions)
+			fmt.Fprintf(a.stdout, "applied %d migration(s) to schema %q: %s\n", len(applied), cfg.Schema, strings.Join(versions, ", "))
+			return nil
+		},
+	}
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+)
+
+// Exit codes, the same for every command.
+const (
+	// exitOK: the pass was clean, the migration ran, or the daemon was
+	// stopped by a signal.
+	exitOK = 0
+	// exitPassErrors: the pass ran but counted errors (a queue that could
+	// not be listed, a reap or marker write that failed); see the log.
+	exitPassErrors = 1
+	// exitCannotRun: nothing ran: bad flags or config, PostgreSQL or Redis
+	// unreachable, schema not migrated.
+	exitCannotRun = 2
+)
+
+// exitError carries a command's exit code to execute. A nil err means the
+// command has already said everything (stdout and the log) and only the
+// code is left.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit code %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// cannotRun returns an exit-2 error whose message is the problem and what
+// to do next.
+func cannotRun(format string, args ...any) error {
+	return &exitError{code: exitCannotRun, err: fmt.Errorf(format, args...)}
+}
+
+// app is what every command shares: where output goes and the environment
+// configuration is read from.
+type app struct {
+	stdout, stderr io.Writer
+	environ        []string
+}
+
+// execute runs the command line args (without the program name) and
+// returns the process's exit code. main is the only caller besides tests,
+// which capture stdout and stderr.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := &app{stdout: stdout, stderr: stderr, environ: os.Environ()}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(stderr, "jobreaper: %s\n", oneLine(ee.err.Error()))
+		}
+		return ee.code
+	}
+	// cobra's own errors: an unknown command or flag, a flag value of the
+	// wrong type, a stray argument.
+	fmt.Fprintf(stderr, "jobreaper: %s; see jobreaper --help\n", oneLine(err.Error()))
+	return exitCannotRun
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "jobreaper",
+		Short: "Recover stalled jobs on asynq queues backed by a PostgreSQL jobs table",
+		Long: `jobreaper fails PROCESSING jobs whose asynq task stopped making progress
+(runtime past the type's max_runtime and no progress for the stall timeout),
+runs the type's failure cascade, and sets a Redis marker so that the start
+guard refuses the task and a late result is rejected.
+
+Settings come from, lowest precedence first: defaults, the YAML file named by
+--config (or JOBREAPER_CONFIG), the environment (JOBREAPER_<KEY>, e.g.
+JOBREAPER_STALL_TIMEOUT), and the flags below. Durations use Go syntax:
+90s, 5m, 1h30m.
+
+Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cannotRun("a command is required: migrate, run or demo; see jobreaper --help")
+		},
+	}
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return cannotRun("%s; see jobreaper --help", err)
+	})
+	config.RegisterFlags(root.PersistentFlags())
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.demoCmd())
+	return root
+}
+
+// oneLine folds a message onto one line for stderr, dropping repeated
+// lines (pgx reports each connection attempt, often the same twice).
+func oneLine(s string) string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !slices.Contains(lines, l) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.ReplaceAll(strings.Join(lines, "; "), ":; ", ": ")
+}

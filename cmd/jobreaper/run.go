@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
+)
+
+// Output formats of run --once.
+const (
+	outputText = "text"
+	outputJSON = "json"
+)
+
+func (a *app) runCmd() *cobra.Command {
+	var (
+		once   bool
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the reaper: a daemon with a metrics server, or one pass with --once",
+		Long: `run starts the reaper daemon: a pass at start (after up to --start-jitter),
+then one every --interval, until SIGTERM or SIGINT. It serves /metrics and
+/healthz on --metrics-addr. A failed pass is logged and the next one runs.
+
+run --once runs one pass, prints what it did on stdout (--output json: exactly
+one JSON document {"scanned":N,"reaped":N,"skipped":{...},"errors":N}) and
+exits 0 if the pass was clean, 1 if it counted errors, 2 if it could not run.
+Logs always go to stderr.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != outputText && output != outputJSON {
+				return cannotRun("--output %q is not a format: use text or json", output)
+			}
+			cfg, err := a.loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, a.stderr)
+			if once {
+				return a.runOnce(cmd.Context(), cfg, log, output)
+			}
+			return a.runDaemon(cmd.Context(), cfg, log)
+		},
+	}
+	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors, 2 could not run)")
+	cmd.Flags().StringVar(&output, "output", outputText, "format of the --once summary on stdout: text or json")
+	return cmd
+}
+
+// deps are what a pass runs on; close releases them.
+type deps struct {
+	reaper *reaper.Reaper
+	close  func()
+}
+
+// connect opens PostgreSQL and Redis and builds the reaper. Every failure
+// is an exit-2 error naming the server and what to check.
+func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *reaper.Metrics, jitter bool) (*deps, error) {
+	pool, err := connectPostgres(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireMigrated(ctx, pool, cfg); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	rdb, err := connectRedis(ctx, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	closeAll := func() {
+		closeWith(log.With("component", "main"), "Redis client", rdb.Close)
+		pool.Close()
+	}
+	markers, err := queue.NewMarkerStore(rdb, queue.WithMarkerOpTimeout(cfg.OpTimeout))
+	if err != nil {
+		closeAll()
+		return nil, cannotRun("%v", err)
+	}
+	// The Inspector shares rdb and is not closed itself: asynq refuses to
+	// close a shared connection; closing rdb is enough.
+	lister, err := queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), queue.WithPageSize(cfg.PageSize))
+	if err != nil {
+		closeAll()
+		return nil, cannotRun("%v; check --page-size", err)
+	}
+	store := jobs.NewStore(pool, jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))
+	// A misspelt table in a cascade fails here, not at the first reap.
+	if err := store.PrepareCascades(ctx); err != nil {
+		closeAll()
+		return nil, cannotRun("the cascades of the config file do not prepare against schema %q: %s; fix the statements named",
+			cfg.Schema, joinProblems(err))
+	}
+	opts := reaper.Options{
+		Queues:   cfg.Queues,
+		Interval: cfg.Interval,
+		Rule:     cfg.StallRule(),
+		Logger:   log,
+		Metrics:  metrics,
+	}
+	if jitter {
+		opts.StartJitter = cfg.StartJitter
+	}
+	return &deps{reaper: reaper.New(store, lister, markers, opts), close: closeAll}, nil
+}
+
+// runOnce runs one pass and prints its summary on stdout. It never waits
+// for the start jitter: an operator is watching.
+func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, output string) error {
+	d, err := connect(ctx, cfg, log, nil, false)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	res, err := d.reaper.RunOnce(ctx)
+	if err != nil {
+		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
+	}
+	if err := printResult(a.stdout, res, output); err != nil {
+		return cannotRun("writing the summary: %v", err)
+	}
+	if res.Errors > 0 {
+		return &exitError{code: exitPassErrors}
+	}
+	return nil
+}
+
+// printResult writes res as one JSON document or as one human line.
+func printResult(w io.Writer, res reaper.Result, output string) error {
+	if res.Skipped == nil {
+		res.Skipped = map[string]int{} // {} rather than null for scripts
+	}
+	if output == outputJSON {
+		return json.NewEncoder(w).Encode(res)
+	}
+	var skipped []string
+	for _, reason := range slices.Sorted(maps.Keys(res.Skipped)) {
+		skipped = append(skipped, fmt.Sprintf("%s %d", reason, res.Skipped[reason]))
+	}
+	total := 0
+	for _, n := range res.Skipped {
+		total += n
+	}
+	line := fmt.Sprintf("scanned %d active task(s): reaped %d, skipped %d", res.Scanned, res.Reaped, total)
+	if len(skipped) > 0 {
+		line += " (" + strings.Join(skipped, ", ") + ")"
+	}
+	line += fmt.Sprintf(", errors %d", res.Errors)
+	if res.Errors > 0 {
+		line += " (see the log on stderr; failed work is retried next pass)"
+	}
+	_, err := fmt.Fprintln(w, line)
+	return err
+}
+
+// runDaemon runs the reaper loop and the metrics server until ctx is
+// cancelled (SIGTERM, SIGINT) or the metrics server fails.
+func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	mainLog := log.With("component", "main")
+	reg := prometheus.NewRegistry()
+	metrics := reaper.NewMetrics(reg)
+	d, err := connect(ctx, cfg, log, metrics, true)
+	if err != nil {
+		return err
+	}
+	// Deferred last: the clients close after everything that uses them
+	// has stopped (step 3 below).
+	defer d.close()
+	srv, err := startMetricsServer(ctx, cfg.MetricsAddr, reg, log)
+	if err != nil {
+		return err
+	}
+	if err := d.reaper.Start(ctx); err != nil {
+		srv.stop(ctx, mainLog)
+		return cannotRun("starting the reaper: %v", err)
+	}
+	mainLog.Info("jobreaper started", "schema", cfg.Schema, "queues", queuesAttr(cfg.Queues),
+		"interval", cfg.Interval, "stall_timeout", cfg.StallTimeout, "min_stall_timeout", cfg.MinStallTimeout(),
+		"metrics_addr", cfg.MetricsAddr)
+
+	var failure error
+	select {
+	case <-ctx.Done():
+		mainLog.Info("stopping on signal")
+	case err := <-srv.failed:
+		failure = cannotRun("the metrics server on %s stopped: %v; the daemon stops with it so that it is restarted", cfg.MetricsAddr, err)
+	}
+	// Stop order:
+	// 1. The reaper: no pass starts after this, and Stop waits for a
+	//    running pass. Its context is cancelled, so a reap in flight rolls
+	//    back (each reap is one transaction) and is redone by the next
+	//    daemon; a marker missed between commit and cancel is covered by
+	//    the FAILED row and re-set by marker repair.
+	d.reaper.Stop()
+	// 2. The metrics server, after the last pass recorded its metrics, so
+	//    that a scrape during shutdown still answers.
+	srv.stop(ctx, mainLog)
+	// 3. The Redis client and the PostgreSQL pool (deferred d.close), which
+	//    nothing uses any more.
+	if failure == nil {
+		mainLog.Info("jobreaper stopped")
+	}
+	return failure
+}
+
+func queuesAttr(queues []string) string {
+	if len(queues) == 0 {
+		return "(every queue asynq knows)"
+	}
+	return strings.Join(queues, ",")
+}

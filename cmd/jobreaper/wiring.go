@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// loadConfig loads and validates the configuration of cmd. Every problem
+// is reported on one line, exit code 2.
+func (a *app) loadConfig(cmd *cobra.Command) (config.Config, error) {
+	fs := cmd.Flags() // the command's own and its parents' persistent flags
+	cfg, err := config.Load(config.Sources{
+		File:    config.ConfigFile(fs, a.environ),
+		Environ: a.environ,
+		Flags:   fs,
+	})
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		return config.Config{}, cannotRun("invalid configuration: %s; fix it in the flag (--key-name), the environment (JOBREAPER_KEY_NAME) or the config file (key_name)",
+			joinProblems(err))
+	}
+	return cfg, nil
+}
+
+// joinProblems puts the problems errors.Join collected on one line.
+func joinProblems(err error) string {
+	var j interface{ Unwrap() []error }
+	if !errors.As(err, &j) {
+		return err.Error()
+	}
+	parts := make([]string, 0, len(j.Unwrap()))
+	for _, e := range j.Unwrap() {
+		parts = append(parts, e.Error())
+	}
+	return strings.Join(parts, "; ")
+}
+
+// newLogger returns the logger every component gets: slog to w (stderr:
+// stdout belongs to the command's output), at cfg's level and format.
+// Components add their own "component" attribute. It is passed down, never
+// installed with slog.SetDefault: execute may run several times in one
+// process (the tests), each with its own stderr.
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	// Validate accepted the level, so UnmarshalText cannot fail here.
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
+	if cfg.LogFormat == "json" {
+		log = slog.New(slog.NewJSONHandler(w, opts))
+	} else {
+		log = slog.New(slog.NewTextHandler(w, opts))
+	}
+	return log
+}
+
+// connectPostgres opens the pool to cfg's database and schema. Errors name
+// the database with its password redacted and say what to check.
+func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
+	pool, err := jobs.Connect(ctx, cfg.DatabaseURL, cfg.Schema)
+	if err != nil {
+		// jobs.Connect names the database with its password redacted;
+		// scrub once more in case a driver message quoted it.
+		reason := strings.TrimPrefix(err.Error(), "jobs.Connect: ")
+		if pc, perr := pgconn.ParseConfig(cfg.DatabaseURL); perr == nil && pc.Password != "" {
+			reason = strings.ReplaceAll(reason, pc.Password, "xxxxx")
+		}
+		return nil, cannotRun("cannot connect to the PostgreSQL database: %s; check --database-url (JOBREAPER_DATABASE_URL) and that the server is up", oneLine(reason))
+	}
+	return pool, nil
+}
+
+// requireMigrated checks that the schema has jobreaper's tables, so that a
+// forgotten migration is reported before any pass.
+func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
+	defer cancel()
+	var ok bool
+	err := pool.QueryRow(ctx, `SELECT to_regclass('jobs') IS NOT NULL AND to_regclass('job_types') IS NOT NULL`).Scan(&ok)
+	if err != nil {
+		return cannotRun("cannot read schema %q of PostgreSQL database %s: %v; check the database and --schema",
+			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
+	}
+	if !ok {
+		return cannotRun("schema %q of PostgreSQL database %s has no jobreaper tables; run `jobreaper migrate` with the same --database-url and --schema first",
+			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL))
+	}
+	return nil
+}
+
+// connectRedis opens a client to cfg's Redis and pings it. Every command
+// is bounded by OpTimeout: the asynq Inspector takes no context, so the
+// client's own timeouts are what bound its calls.
+func connectRedis(ctx context.Context, cfg config.Config) (*redis.Client, error) {
+	redisLogOnce.Do(func() { redis.SetLogger(redisLog{}) })
+	opts, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil { // Validate parsed it already; kept for safety
+		return nil, cannotRun("redis_url %s is not a valid Redis URL; check --redis-url (JOBREAPER_REDIS_URL)", jobs.RedactURL(cfg.RedisURL))
+	}
+	opts.DialTimeout = cfg.OpTimeout
+	opts.ReadTimeout = cfg.OpTimeout
+	opts.WriteTimeout = cfg.OpTimeout
+	// Without this go-redis ignores context deadlines, and the per-call
+	// timeouts of queue.MarkerStore would not bound a hung Redis.
+	opts.ContextTimeoutEnabled = true
+	rdb := redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		_ = rdb.Close()
+		reason := err.Error()
+		if opts.Password != "" {
+			reason = strings.ReplaceAll(reason, opts.Password, "xxxxx")
+		}
+		return nil, cannotRun("cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
+			jobs.RedactURL(cfg.RedisURL), reason)
+	}
+	return rdb, nil
+}
+
+// redisLogOnce installs redisLog once per process: go-redis's logger is a
+// global, so it cannot follow one command's logger.
+var redisLogOnce sync.Once
+
+// redisLog drops go-redis's own messages (a pool's dial retries, printed
+// with the standard log package, not slog): each failure they describe
+// also reaches jobreaper as a returned error, which is logged or reported
+// with the context that says what it means. Without this, stderr would
+// get unstructured duplicates of those errors.
+type redisLog struct{}
+
+func (redisLog) Printf(context.Context, string, ...any) {}
+
+// closeWith runs close and logs its error: used in deferred stops.
+func closeWith(log *slog.Logger, what string, close func() error) {
+	if err := close(); err != nil {
+		log.Warn("closing "+what+" failed", "err", fmt.Sprint(err))
+	}
+}
