@@ -1,6 +1,6 @@
 # jobreaper: build, test and lint.
 #
-#   make test       start PostgreSQL and Redis if needed, then go test -race ./...
+#   make test       bash .ci/test: start PostgreSQL and Redis if needed, then go test -race ./...
 #   make build      static binary in bin/jobreaper
 #   make services   only make sure PostgreSQL and Redis are up
 #   make lint       go vet, gofmt and golangci-lint (when installed)
@@ -10,8 +10,8 @@ export PATH := /usr/local/go/bin:$(PATH)
 
 .PHONY: test services build lint docker
 
-test: services
-	$(GO) test -race ./...
+test:
+	bash .ci/test
 
 services:
 	bash .ci/services.sh

@@ -3,7 +3,7 @@
 # PostgreSQL on 127.0.0.1:5432 (user postgres without password, database
 # "test") and Redis on 127.0.0.1:6379. Installs them with apt-get when they
 # are missing, starts them when they are stopped, and leaves running ones
-# alone. Safe to run again and again (make test runs it first).
+# alone. Safe to run again and again (.ci/test runs it first).
 set -euo pipefail
 
 log() { printf 'services: %s\n' "$*" >&2; }
