@@ -34,7 +34,7 @@ type listerBundle struct {
 	lister *InspectorLister
 }
 
-func setupLister(t *testing.T) *listerBundle {
+func setupLister(t testing.TB) *listerBundle {
 	t.Helper()
 	rc := realRedis(t)
 	b := &listerBundle{
@@ -53,7 +53,7 @@ func setupLister(t *testing.T) *listerBundle {
 
 // runActive enqueues tasks with the given IDs and serves them with a
 // handler that blocks until the test ends; it returns once all are active.
-func (b *listerBundle) runActive(t *testing.T, ids ...string) {
+func (b *listerBundle) runActive(t testing.TB, ids ...string) {
 	t.Helper()
 	release := make(chan struct{})
 	// Cleanups run last-registered first: the handlers are released, then

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 
 // realRedis returns a client of the real test Redis, closed at cleanup. It
 // fails the test (never skips it) when Redis is not reachable.
-func realRedis(t *testing.T) *redis.Client {
+func realRedis(t testing.TB) *redis.Client {
 	t.Helper()
 	addr := cmpOr(os.Getenv("JOBREAPER_TEST_REDIS_ADDR"), redisAddrDefault)
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
@@ -60,7 +60,7 @@ func cmpOr(a, b string) string {
 
 // unique returns prefix + a name derived from the test + a random suffix,
 // for queue names and job IDs shared Redis must not mix up.
-func unique(t *testing.T, prefix string) string {
+func unique(t testing.TB, prefix string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
@@ -94,7 +94,7 @@ func (asynqLogger) Error(...any) {}
 func (asynqLogger) Fatal(...any) {}
 
 // eventually polls cond every 20 ms until it holds or 10 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
@@ -107,7 +107,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // startServer runs an asynq.Server on client for queue with handler and
 // shuts it down at cleanup, after release (if any) was closed.
-func startServer(t *testing.T, client redis.UniversalClient, queue string, cfg asynq.Config, handler asynq.Handler) {
+func startServer(t testing.TB, client redis.UniversalClient, queue string, cfg asynq.Config, handler asynq.Handler) {
 	t.Helper()
 	cfg.Queues = map[string]int{queue: 1}
 	cfg.Logger = asynqLogger{}
@@ -124,7 +124,7 @@ func startServer(t *testing.T, client redis.UniversalClient, queue string, cfg a
 // deleteQueueAtCleanup removes queue and its tasks from the real Redis at
 // cleanup (registered first, so it runs after the server's shutdown), then
 // the statistics keys DeleteQueue leaves behind.
-func deleteQueueAtCleanup(t *testing.T, rc *redis.Client, queue string) {
+func deleteQueueAtCleanup(t testing.TB, rc *redis.Client, queue string) {
 	t.Cleanup(func() {
 		insp := asynq.NewInspectorFromRedisClient(rc)
 		if err := insp.DeleteQueue(queue, true); err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
