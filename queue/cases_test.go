@@ -78,7 +78,7 @@ func TestCase_B19_RedeliveredReapedTaskIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		var info *asynq.TaskInfo
-		eventually(t, "T19 is archived", func() bool {
+		jobstest.Eventually(t, "T19 is archived", func() bool {
 			info, err = insp.GetTaskInfo(queue, id)
 			return err == nil && info.State == asynq.TaskStateArchived
 		})
@@ -209,7 +209,7 @@ func TestGuardOutageDoesNotUseUpRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	var info *asynq.TaskInfo
-	eventually(t, "the task waits in the retry set", func() bool {
+	jobstest.Eventually(t, "the task waits in the retry set", func() bool {
 		info, err = insp.GetTaskInfo(queue, "J1")
 		return err == nil && info.State == asynq.TaskStateRetry
 	})

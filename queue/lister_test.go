@@ -10,6 +10,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
 // blockingHandler holds every task until release is closed (or the
@@ -65,7 +67,7 @@ func (b *listerBundle) runActive(t testing.TB, ids ...string) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, fmt.Sprintf("%d tasks are active", len(ids)), func() bool {
+	jobstest.Eventually(t, fmt.Sprintf("%d tasks are active", len(ids)), func() bool {
 		got, err := b.insp.ListActiveTasks(b.queue, asynq.PageSize(1000))
 		return err == nil && len(got) == len(ids)
 	})

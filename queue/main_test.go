@@ -93,18 +93,6 @@ func (asynqLogger) Warn(...any)  {}
 func (asynqLogger) Error(...any) {}
 func (asynqLogger) Fatal(...any) {}
 
-// eventually polls cond every 20 ms until it holds or 10 s pass.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // startServer runs an asynq.Server on client for queue with handler and
 // shuts it down at cleanup, after release (if any) was closed.
 func startServer(t testing.TB, client redis.UniversalClient, queue string, cfg asynq.Config, handler asynq.Handler) {

@@ -256,7 +256,7 @@ func TestRunDaemon(t *testing.T) {
 		}()
 		addrRE := regexp.MustCompile(`serving /metrics and /healthz" component=metrics addr=(\S+)`)
 		var addr string
-		eventually(t, "the metrics server listens", func() bool {
+		jobstest.Eventually(t, "the metrics server listens", func() bool {
 			if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
 				addr = m[1]
 			}
@@ -265,7 +265,7 @@ func TestRunDaemon(t *testing.T) {
 		if body := get(t, "http://"+addr+"/healthz"); body != "ok\n" {
 			t.Fatalf("/healthz = %q", body)
 		}
-		eventually(t, "two passes are counted", func() bool {
+		jobstest.Eventually(t, "two passes are counted", func() bool {
 			return strings.Contains(get(t, "http://"+addr+"/metrics"), `jobreaper_passes_total{outcome="ok"} 2`)
 		})
 

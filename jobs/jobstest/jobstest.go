@@ -222,3 +222,18 @@ func (d *DB) LateResults(t testing.TB, id string) []jobs.LateResultDetail {
 	}
 	return out
 }
+
+// Eventually polls cond every 20 ms until it holds, failing the test after
+// 10 s with what it waited for. Tests wait for asynchronous effects (a
+// daemon's pass, an asynq server's delivery) with it, never with a bare
+// sleep.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
