@@ -22,9 +22,12 @@ var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // PostgreSQL identifier (letters, digits, underscore; at most 63 bytes).
 var ErrBadSchema = errors.New("schema name must be a plain identifier: letters, digits and underscore, at most 63 characters, not starting with a digit")
 
-// Connect opens a pool to the database at databaseURL whose connections use
-// schema as their search_path, so every statement of this package reaches
-// the tables of that schema. It pings once so that a wrong URL fails here.
+// Connect opens a pool to the database at databaseURL whose connections
+// look up tables in schema first (see SearchPath), so every statement of
+// this package reaches the tables of that schema while the product's tables
+// named unqualified in cascades and completion transactions still resolve.
+// The URL's application_name is kept; without one it is "jobreaper". It
+// pings once so that a wrong URL or credentials fail here.
 //
 // Errors: ErrBadSchema for a malformed schema name; otherwise an error that
 // names the host but never the password of databaseURL.
@@ -37,8 +40,10 @@ func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, er
 		// pgx's parse errors can quote the URL; never pass them on.
 		return nil, fmt.Errorf("jobs.Connect: database URL %s is not a valid PostgreSQL connection string", RedactURL(databaseURL))
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
-	cfg.ConnConfig.RuntimeParams["application_name"] = "jobreaper"
+	cfg.ConnConfig.RuntimeParams["search_path"] = SearchPath(schema, cfg.ConnConfig.RuntimeParams["search_path"])
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "jobreaper"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("jobs.Connect: %s: %w", RedactURL(databaseURL), err)
@@ -47,9 +52,26 @@ func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, er
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("jobs.Connect: PostgreSQL at %s is not reachable: %w", RedactURL(databaseURL), redactErr(err, cfg.ConnConfig.Password))
+		return nil, fmt.Errorf("jobs.Connect: cannot connect to PostgreSQL at %s: %w", RedactURL(databaseURL), redactErr(err, cfg.ConnConfig.Password))
 	}
 	return pool, nil
+}
+
+// SearchPath returns the search_path Connect sets: schema first, then the
+// URL's own search_path (urlPath, as PostgreSQL takes it), or "public" when
+// the URL sets none and schema is another one. jobreaper's tables are then
+// found first, and unqualified names of the product's tables resolve as
+// they would without jobreaper.
+func SearchPath(schema, urlPath string) string {
+	first := pgx.Identifier{schema}.Sanitize()
+	switch {
+	case strings.TrimSpace(urlPath) != "":
+		return first + ", " + urlPath
+	case schema == "public":
+		return first
+	default:
+		return first + ", public"
+	}
 }
 
 // RedactURL returns rawURL with any password replaced by "xxxxx", for logs

@@ -12,7 +12,7 @@ import (
 // heartbeat for one job: once per 5 minutes. The number is a trade-off
 // between two limits:
 //
-//   - Load: handlers call Heartbeat on every item (B16: 2,000 jobs at about
+//   - Load: handlers call Heartbeat on every item (for example 2,000 jobs at about
 //     10 calls a second each). Unthrottled that is 20,000 UPDATEs a second on
 //     the hottest rows of the table; at one per 5 minutes it is at most 2 per
 //     job over 10 minutes.
@@ -120,7 +120,7 @@ func (h *Heartbeater) Interval() time.Duration { return h.interval }
 // The UPDATE is fenced: it moves updated_at to the database's now() and
 // stores progress only when the row is PROCESSING at the lease's generation
 // and progress is greater than the stored progress_mark, so an idle ticker
-// repeating one mark cannot keep a hung job alive (B13). Such a call returns
+// repeating one mark cannot keep a hung job alive. Such a call returns
 // Written=false and a nil error.
 //
 // Errors: ErrStaleWorker when a newer attempt claimed the job (or this one

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -135,11 +136,29 @@ func scanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 
 // IntervalDuration converts a PostgreSQL interval the way PostgreSQL
 // compares intervals: a month is 30 days and a day is 24 hours.
+//
+// time.Duration ends at about 292 years; a longer interval saturates at
+// MaxDuration (a negative one at -MaxDuration), so an absurd limit such as
+// '500 years' reads as "never" instead of wrapping around to a negative
+// duration.
 func IntervalDuration(iv pgtype.Interval) time.Duration {
 	const day = 24 * time.Hour
-	return time.Duration(iv.Microseconds)*time.Microsecond +
-		time.Duration(iv.Days)*day + time.Duration(iv.Months)*30*day
+	days := int64(iv.Days) + 30*int64(iv.Months)
+	// Bound-check in float64 (no overflow there); within the bound the
+	// exact integer sum below cannot overflow. The bound sits a hair under
+	// MaxDuration (at about 291.5 years), which no real limit approaches.
+	approx := float64(iv.Microseconds)*float64(time.Microsecond) + float64(days)*float64(day)
+	switch {
+	case approx >= 9.2e18:
+		return MaxDuration
+	case approx <= -9.2e18:
+		return -MaxDuration
+	}
+	return time.Duration(iv.Microseconds)*time.Microsecond + time.Duration(days)*day
 }
+
+// MaxDuration is the longest time.Duration, about 292 years.
+const MaxDuration = time.Duration(math.MaxInt64)
 
 // Interval converts d to a PostgreSQL interval parameter (microseconds).
 func Interval(d time.Duration) pgtype.Interval {

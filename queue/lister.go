@@ -39,7 +39,7 @@ type ActiveLister interface {
 	// ListActive returns all active tasks of queue, reading every page. A
 	// queue asynq never saw is ActiveTasks{NotFound: true} with a nil
 	// error; any other failure is an error, and then none of the queue's
-	// tasks may be reaped or reconciled this pass.
+	// tasks may be reaped this pass.
 	ListActive(ctx context.Context, queue string) (ActiveTasks, error)
 }
 
@@ -103,8 +103,8 @@ func (l *InspectorLister) Queues(ctx context.Context) ([]string, error) {
 // Pages are offsets into asynq's active list (asynq:{<queue>}:active), so
 // the list can move between two pages: an ID seen twice is kept once, and
 // a task that started or finished meanwhile may be missed. A missed task
-// is harmless: it is not reaped this pass, and reconciliation looks every
-// task up by ID before it calls one lost. The loop ends on an empty page,
+// is harmless: it is not reaped this pass and is seen again by the next.
+// The loop ends on an empty page,
 // not a short one, because asynq silently drops entries it cannot decode,
 // so a short page does not prove the end of the list.
 //

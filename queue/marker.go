@@ -65,7 +65,7 @@ return 1
 // ID, holding the generation that was reaped as a decimal string, expiring
 // MarkerTTL after the reap. There is deliberately no delete: only expiry
 // removes a marker, so no cleanup, completion or retry path can erase the
-// record of a reap (case B22).
+// record of a reap.
 type MarkerStore struct {
 	client    redis.UniversalClient
 	opTimeout time.Duration

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 
 	"github.com/hibiken/asynq"
@@ -60,7 +61,7 @@ func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
 	return retried, maxRetry, ok1 && ok2
 }
 
-// settle is the outcome mapping of DESIGN.md ("The worker side"): after
+// settle is the outcome mapping: after
 // the handler of a claimed attempt returned err, it brings the job row in
 // line with what asynq will do with the task, fenced by the lease:
 //
@@ -81,6 +82,11 @@ func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
 //     CodeRetriesExhausted, and err is returned wrapped with
 //     asynq.SkipRetry.
 //
+// Before writing, it reads the row: a job the handler already settled
+// (Complete, Fail) or lost (reaped, claimed by a newer attempt) gets no
+// write of the mapping, so the mapping never leaves a late_result_rejected
+// event of its own for a job the handler finished correctly.
+//
 // The writes use a context that asynq's cancellation (task timeout, lost
 // lease, shutdown) does not cancel: they are fenced, so a superseded
 // attempt changes nothing, and each has its own timeout in jobs.Store. A
@@ -94,6 +100,9 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 		g.count("lost_job")
 		log.WarnContext(ctx, "attempt lost its job, task will not be retried", "reason", jobs.ErrorCode(err))
 		return fmt.Errorf("queue.Guard: job %s generation %d: %w: %w", lease.JobID, lease.Generation, err, asynq.SkipRetry)
+	}
+	if done, serr := g.settled(wctx, log, lease, err); done {
+		return serr
 	}
 	if err == nil {
 		return g.settleSuccess(wctx, log, lease)
@@ -164,4 +173,40 @@ func (g *Guard) settleWriteFailed(ctx context.Context, _ any, lease jobs.Lease, 
 		return handlerErr
 	}
 	return fmt.Errorf("queue.Guard: job %s: recording the outcome: %w", lease.JobID, writeErr)
+}
+
+// settled reports whether the job no longer needs the mapping's write, and
+// then what to return to asynq: the row is not PROCESSING at the lease's
+// generation because the handler completed or failed it, the reaper reaped
+// it, or a newer attempt claimed it. A row that cannot be read is left to
+// the fenced writes, which decide the same way.
+func (g *Guard) settled(ctx context.Context, log *slog.Logger, lease jobs.Lease, err error) (bool, error) {
+	row, rerr := g.store.Get(ctx, lease.JobID)
+	if rerr != nil || (row.Status == jobs.StatusProcessing && row.Generation == lease.Generation) {
+		return false, nil
+	}
+	switch {
+	case row.Generation != lease.Generation || row.Status == jobs.StatusQueued:
+		g.count("lost_job")
+		log.WarnContext(ctx, "a newer attempt owns the job, task will not be retried", "current_generation", row.Generation)
+		return true, fmt.Errorf("queue.Guard: job %s generation %d (now %d): %w: %w",
+			lease.JobID, lease.Generation, row.Generation, jobs.ErrStaleWorker, asynq.SkipRetry)
+	case row.Status == jobs.StatusCompleted:
+		g.count("completed")
+		if err != nil {
+			log.WarnContext(ctx, "handler returned an error after its job was completed; the completion stands", "err", err)
+		}
+		return true, nil
+	case row.FailureReason == jobs.ReasonStalled || row.FailureReason == jobs.ReasonLostTask:
+		g.count("lost_job")
+		log.WarnContext(ctx, "job was reaped while the handler ran, task will not be retried", "failure_reason", row.FailureReason)
+		return true, fmt.Errorf("queue.Guard: job %s generation %d was reaped (%s): %w: %w",
+			lease.JobID, lease.Generation, row.FailureReason, ErrJobReaped, asynq.SkipRetry)
+	default: // FAILED by the handler's own Fail
+		g.count("failed")
+		if err == nil {
+			return true, nil
+		}
+		return true, fmt.Errorf("queue.Guard: job %s failed (%s): %w: %w", lease.JobID, row.FailureReason, err, asynq.SkipRetry)
+	}
 }

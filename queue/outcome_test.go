@@ -161,3 +161,80 @@ func TestOutcomeMapping(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestOutcomeMappingAfterTheHandlerSettledItself(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name    string
+		returns func() error
+		wantErr bool
+	}{
+		{"FailThenNilIsAcknowledged", func() error { return nil }, false},
+		{"FailThenSkipRetryIsArchived", func() error { return errors.Join(errors.New("upstream 500"), asynq.SkipRetry) }, true},
+		{"FailThenRetryableErrorIsNotRetried", func() error { return errors.New("upstream 500") }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupGuard(t)
+			b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Status: jobs.StatusQueued})
+			h := handlerFunc(func(ctx context.Context) error {
+				lease, err := jobs.LeaseFromContext(ctx)
+				if err != nil {
+					return err
+				}
+				if err := b.store.Fail(ctx, lease, "upstream_timeout"); err != nil {
+					return err
+				}
+				return tc.returns()
+			})
+			err := deliver(t.Context(), attempt(b.guard(t, "W1", nil, nil), 0, 3), "J1", h)
+			if tc.wantErr != (err != nil) || (err != nil && !errors.Is(err, asynq.SkipRetry)) {
+				t.Fatalf("guard returned %v; want nil: %v, else SkipRetry", err, !tc.wantErr)
+			}
+			if r := requireRow(t, b.db, "J1", jobs.StatusFailed, 1); r.FailureReason != "upstream_timeout" {
+				t.Fatalf("failure_reason = %q, want upstream_timeout", r.FailureReason)
+			}
+			if n := b.db.Events(t, "J1", jobs.EventLateResultRejected); n != 0 {
+				t.Fatalf("late_result_rejected events = %d, want 0: the handler settled its own job", n)
+			}
+		})
+	}
+
+	t.Run("CompletedThenErrorIsAcknowledged", func(t *testing.T) {
+		t.Parallel()
+		b := setupGuard(t)
+		b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Status: jobs.StatusQueued})
+		h := handlerFunc(func(ctx context.Context) error {
+			lease, _ := jobs.LeaseFromContext(ctx)
+			if _, err := b.store.CompleteWith(ctx, nil, lease, nil); err != nil {
+				return err
+			}
+			return errors.New("metadata update failed after completion")
+		})
+		if err := deliver(t.Context(), attempt(b.guard(t, "W1", nil, nil), 0, 3), "J1", h); err != nil {
+			t.Fatalf("guard returned %v, want nil: the completion stands", err)
+		}
+		requireRow(t, b.db, "J1", jobs.StatusCompleted, 1)
+		if n := b.db.Events(t, "J1", jobs.EventLateResultRejected); n != 0 {
+			t.Fatalf("late_result_rejected events = %d, want 0", n)
+		}
+	})
+
+	t.Run("ReapedWhileRunningIsNotRetriedAndWritesNoEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setupGuard(t)
+		b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Status: jobs.StatusQueued})
+		h := handlerFunc(func(context.Context) error {
+			b.db.Exec(t, `UPDATE jobs SET status = 'FAILED', failure_reason = 'stalled' WHERE id = 'J1'`)
+			return errors.New("the hung call finally failed")
+		})
+		err := deliver(t.Context(), attempt(b.guard(t, "W1", nil, nil), 0, 3), "J1", h)
+		if !errors.Is(err, asynq.SkipRetry) || !errors.Is(err, ErrJobReaped) {
+			t.Fatalf("guard returned %v, want SkipRetry wrapping ErrJobReaped", err)
+		}
+		if n := b.db.Events(t, "J1", jobs.EventLateResultRejected); n != 0 {
+			t.Fatalf("late_result_rejected events = %d, want 0 (the handler wrote nothing late)", n)
+		}
+	})
+}

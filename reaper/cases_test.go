@@ -8,6 +8,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // B12: a job that commits a batch every 2 minutes has an updated_at at most
@@ -56,6 +57,15 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		}
 		if row := b.db.Read(t, "J15"); row.Status != jobs.StatusProcessing {
 			t.Fatalf("J15 = %+v, want PROCESSING (0 FAILED writes)", row)
+		}
+		snap, err := jobs.NewStore(b.db.Pool).Get(context.Background(), "J15")
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, _ := jobs.NewStore(b.db.Pool).Now(context.Background())
+		v := reaper.Decide(&snap, now, baselineRule)
+		if want := "stall timeout 5m0s is below 2 x heartbeat interval + scan interval = 11m0s"; v.Why != want {
+			t.Fatalf("bad_limits rule = %q, want %q", v.Why, want)
 		}
 	})
 

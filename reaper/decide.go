@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/jobreaper/jobreaper/jobs"
@@ -23,7 +24,7 @@ const (
 	SkipUnknownType SkipReason = "unknown_type"
 	// SkipBadLimits: the type's limits cannot be applied safely: its stall
 	// timeout is below 2 x heartbeat interval + scan interval (a live
-	// worker would be reaped between two heartbeats, CASES B15), or its
+	// worker would be reaped between two heartbeats), or its
 	// hard_timeout is not longer than max_runtime + stall timeout (asynq
 	// would cancel and retry the task before the reaper could see it).
 	SkipBadLimits SkipReason = "bad_limits"
@@ -56,6 +57,9 @@ type Verdict struct {
 	// MaxRuntime and StallTimeout are the limits applied (StallTimeout is the
 	// type's, or the daemon default when the type's is NULL).
 	MaxRuntime, StallTimeout time.Duration
+	// Why says which rule a SkipBadLimits verdict broke, for the warning an
+	// operator acts on; "" otherwise.
+	Why string
 }
 
 // Decide is the stall rule in Go, with no I/O: a job is stalled when it is
@@ -92,8 +96,13 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 		hard = *snap.Limits.HardTimeout
 	}
 	switch {
-	case v.StallTimeout < rule.MinStallTimeout || hard <= v.MaxRuntime+v.StallTimeout:
+	case v.StallTimeout < rule.MinStallTimeout:
 		v.Skip = SkipBadLimits
+		v.Why = fmt.Sprintf("stall timeout %s is below 2 x heartbeat interval + scan interval = %s", v.StallTimeout, rule.MinStallTimeout)
+	case hard <= v.MaxRuntime+v.StallTimeout:
+		v.Skip = SkipBadLimits
+		v.Why = fmt.Sprintf("hard_timeout %s is not longer than max_runtime + stall timeout = %s: asynq would cancel and retry the task first",
+			hard, v.MaxRuntime+v.StallTimeout)
 	case v.Runtime <= v.MaxRuntime:
 		v.Skip = SkipWithinLimit
 	case v.Idle < v.StallTimeout:

@@ -55,6 +55,8 @@ var boundaryTable = []boundaryCase{
 	{name: "NullHardTimeoutIsTwentyFourHours", maxRuntime: "23 hours 50 minutes", runtime: 23*time.Hour + 55*time.Minute, idle: 20 * time.Minute, want: reaper.SkipBadLimits},
 	{name: "DayIntervalsCompareAsTwentyFourHours", maxRuntime: "1 day", hard: "3 days", runtime: 24*time.Hour + us, idle: 15 * time.Minute},
 	{name: "DayIntervalJustUnder", maxRuntime: "1 day", hard: "3 days", runtime: 24 * time.Hour, idle: 15 * time.Minute, want: reaper.SkipWithinLimit},
+	{name: "CenturiesLongLimitIsWithinLimit", maxRuntime: "1000 years", hard: "2000 years", runtime: 2 * time.Hour, idle: time.Hour, want: reaper.SkipWithinLimit},
+	{name: "CenturiesLongHardTimeoutStillReaps", maxRuntime: "30 minutes", hard: "500 years", runtime: 31 * time.Minute, idle: 20 * time.Minute},
 	{name: "QueuedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
 	{name: "CompletedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusCompleted, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
 	{name: "NullStartTime", maxRuntime: "30 minutes", noStart: true, idle: time.Hour, want: reaper.SkipNoStartTime},

@@ -1,6 +1,10 @@
 package reaper
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
 
 // Metrics are the reaper's Prometheus series. Build them with NewMetrics on
 // the registry the daemon serves; tests use a fresh prometheus.NewRegistry.
@@ -68,6 +72,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jobreaper_last_success_timestamp_seconds",
 			Help: "Unix time of the last pass that ran without errors; alert when it stops moving.",
 		}),
+	}
+	// Series of every known label value exist from the start at 0, so a
+	// rate() or an alert on them works before the first occurrence.
+	for _, o := range []string{"ok", "errors", "failed"} {
+		m.passes.WithLabelValues(o)
+	}
+	for _, st := range []string{stageClock, stageQueues, stageList, stageLoad, stageReap, stageMarker} {
+		m.errors.WithLabelValues(st)
+	}
+	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
+		m.reaped.WithLabelValues(reason)
+	}
+	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
+		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipChangedSinceRead} {
+		m.skipped.WithLabelValues(string(reason))
 	}
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed,
 		m.queueNotFound, m.duration, m.lastSuccess)

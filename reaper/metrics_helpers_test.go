@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // metricValue returns the value of the counter or gauge name with exactly
@@ -35,4 +37,29 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 		}
 	}
 	return 0
+}
+
+func TestMetricsExistAtZeroBeforeTheirFirstOccurrence(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	reaper.NewMetrics(reg)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]int{}
+	for _, f := range families {
+		series[f.GetName()] = len(f.GetMetric())
+	}
+	want := map[string]int{
+		"jobreaper_passes_total":       3, // ok, errors, failed
+		"jobreaper_pass_errors_total":  6, // clock, queues, list, load, reap, marker
+		"jobreaper_jobs_reaped_total":  2, // stalled, lost_task
+		"jobreaper_jobs_skipped_total": 9,
+	}
+	for name, n := range want {
+		if series[name] != n {
+			t.Errorf("%s has %d series before any pass, want %d", name, series[name], n)
+		}
+	}
 }

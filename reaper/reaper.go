@@ -114,7 +114,9 @@ func New(store Store, lister queue.ActiveLister, markers Markers, opts Options) 
 // discovered. Nothing was written.
 var ErrPassFailed = errors.New("reaper pass could not run")
 
-// RunOnce runs one pass: DESIGN.md "The scan", steps 1 to 6 and 8. It
+// RunOnce runs one pass: one database clock reading, the active tasks of
+// every queue, their rows and limits in batched queries, a decision per
+// job, the reaps and their markers, and the summary. It
 // returns the pass's Result, and an error wrapping ErrPassFailed only when
 // the pass could not run at all; failures inside the pass (a queue that
 // fails to list, a reap or marker write that fails) are counted in
@@ -177,10 +179,7 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 		v := Decide(snap, now, r.opts.Rule)
 		if !v.Reap {
 			res.skip(v.Skip, 1)
-			if v.Skip == SkipBadLimits || v.Skip == SkipUnknownType || v.Skip == SkipNoStartTime {
-				r.log.Warn("job skipped", "job_id", id, "reason", v.Skip, "type", snap.Type,
-					"max_runtime", v.MaxRuntime, "stall_timeout", v.StallTimeout)
-			}
+			r.logSkip(id, snap, v)
 			continue
 		}
 		if ctx.Err() != nil {
@@ -189,6 +188,25 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 		r.reap(ctx, *snap, jobs.ReasonStalled, &res)
 	}
 	return res, nil
+}
+
+// logSkip warns about the skips an operator must act on (a job type's
+// limits or a row the pass cannot judge) and notes the others at debug.
+func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict) {
+	switch v.Skip {
+	case SkipBadLimits:
+		r.log.Warn("job skipped: its type's limits are unsafe; fix the job_types row", "job_id", id, "type", snap.Type,
+			"reason", v.Skip, "rule", v.Why, "max_runtime", v.MaxRuntime, "stall_timeout", v.StallTimeout)
+	case SkipUnknownType:
+		r.log.Warn("job skipped: no job_types row for its type; insert one", "job_id", id, "type", snap.Type, "reason", v.Skip)
+	case SkipNoStartTime:
+		r.log.Warn("job skipped: PROCESSING without started_at (not claimed through the start guard)", "job_id", id,
+			"type", snap.Type, "reason", v.Skip)
+	case SkipNoRow:
+		r.log.Debug("task skipped: no job row with its ID", "job_id", id, "reason", v.Skip)
+	default:
+		r.log.Debug("job skipped", "job_id", id, "reason", v.Skip, "runtime", v.Runtime, "idle", v.Idle)
+	}
 }
 
 func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) []string {

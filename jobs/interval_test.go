@@ -1,0 +1,45 @@
+package jobs_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+func TestIntervalDuration(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		iv   pgtype.Interval
+		want time.Duration
+	}{
+		{"MicrosecondsOnly", pgtype.Interval{Microseconds: 90_000_000}, 90 * time.Second},
+		{"DaysAreTwentyFourHours", pgtype.Interval{Days: 2, Microseconds: 1}, 48*time.Hour + time.Microsecond},
+		{"MonthsAreThirtyDays", pgtype.Interval{Months: 1}, 30 * 24 * time.Hour},
+		{"FiveHundredYearsSaturate", pgtype.Interval{Months: 500 * 12}, jobs.MaxDuration},
+		{"HugeMicrosecondsSaturate", pgtype.Interval{Microseconds: 1 << 62}, jobs.MaxDuration},
+		{"NegativeHugeSaturates", pgtype.Interval{Months: -500 * 12}, -jobs.MaxDuration},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := jobs.IntervalDuration(tc.iv); got != tc.want {
+				t.Fatalf("IntervalDuration(%+v) = %v, want %v", tc.iv, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSearchPath(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ schema, url, want string }{
+		{"public", "", `"public"`},
+		{"jobreaper", "", `"jobreaper", public`},
+		{"jobreaper", "app, extensions", `"jobreaper", app, extensions`},
+	} {
+		if got := jobs.SearchPath(tc.schema, tc.url); got != tc.want {
+			t.Errorf("SearchPath(%q, %q) = %q, want %q", tc.schema, tc.url, got, tc.want)
+		}
+	}
+}
