@@ -63,7 +63,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	t.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (see README, \"Running the tests\")", err)
+		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (bash .ci/test starts it)", err)
 	}
 	q := "e2e_" + db.Schema
 	hung, progressing, fresh := q+"-hung", q+"-progressing", q+"-fresh"

@@ -51,7 +51,7 @@ func New(t testing.TB) *DB {
 	schema := SchemaName(t)
 	pool, err := jobs.Connect(ctx, DatabaseURL(), schema)
 	if err != nil {
-		t.Fatalf("PostgreSQL for tests is not reachable (%v); start it (see README, \"Running the tests\") or set JOBREAPER_TEST_DATABASE_URL", err)
+		t.Fatalf("PostgreSQL for tests is not reachable (%v); start it (bash .ci/test starts it) or set JOBREAPER_TEST_DATABASE_URL", err)
 	}
 	t.Cleanup(func() {
 		pool.Close()
