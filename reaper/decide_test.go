@@ -64,8 +64,8 @@ var boundaryTable = []boundaryCase{
 }
 
 // TestDecideAndReapAgreeOnBoundaries runs every row against the pure
-// Decide and against the reap UPDATE (jobs.StallPredicate) inside one
-// transaction, whose now() does not move, so both see the same clock to the
+// Decide and against both SQL forms of jobs.StallPredicate, the reap UPDATE
+// and the set-based ListLostCandidates, inside one transaction, whose now() does not move, so both see the same clock to the
 // microsecond. Both must give the row's answer.
 func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 	t.Parallel()
@@ -95,6 +95,13 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			v := reaper.Decide(snap, now, baselineRule)
 			if v.Reap != (tc.want == "") || v.Skip != tc.want {
 				t.Errorf("Decide = reap %v skip %q; want skip %q (runtime %v idle %v)", v.Reap, v.Skip, tc.want, v.Runtime, v.Idle)
+			}
+			lost, err := store.ListLostCandidates(ctx, jobs.LostCandidatesParams{Queues: []string{"boundary"}, Rule: baselineRule})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if found := len(lost) == 1 && lost[0].ID == id; found != (tc.want == "") {
+				t.Errorf("set-based ListLostCandidates found the job: %v; Decide says %q", found, tc.want)
 			}
 			reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: snap.Generation,
 				UpdatedAt: snap.UpdatedAt, Reason: jobs.ReasonStalled, Rule: baselineRule})
@@ -137,8 +144,8 @@ VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, 
 	if tc.noStart {
 		started = nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, generation, started_at, updated_at)
-VALUES ($1, $2, $3, 1, now() - $4::interval, now() - $5::interval)`,
+	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, generation, queue, started_at, updated_at)
+VALUES ($1, $2, $3, 1, 'boundary', now() - $4::interval, now() - $5::interval)`,
 		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, jobs.Interval(tc.idle)); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,14 @@ type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
 	Reap(ctx context.Context, p jobs.ReapParams) (bool, jobs.Evidence, error)
+	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
+}
+
+// Lister lists active tasks and looks single tasks up;
+// *queue.InspectorLister satisfies it.
+type Lister interface {
+	queue.ActiveLister
+	queue.TaskLookup
 }
 
 // Markers is what a pass needs from the marker store; *queue.MarkerStore
@@ -84,7 +92,7 @@ func (r *Result) skip(reason SkipReason, n int) {
 // Reaper runs passes, once (RunOnce) or in a loop (Start, Stop).
 type Reaper struct {
 	store   Store
-	lister  queue.ActiveLister
+	lister  Lister
 	markers Markers
 	opts    Options
 	log     *slog.Logger
@@ -95,7 +103,7 @@ type Reaper struct {
 }
 
 // New returns a Reaper. It does not contact anything until RunOnce or Start.
-func New(store Store, lister queue.ActiveLister, markers Markers, opts Options) *Reaper {
+func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	opts.Interval = cmp.Or(opts.Interval, IntervalDefault)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -156,21 +164,26 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 			return res, fmt.Errorf("%w: listing asynq queues: %w", ErrPassFailed, err)
 		}
 	}
-	// Step 2: active tasks of every queue; a queue that fails is an error
-	// of this pass and none of its tasks is touched.
-	ids := r.listActive(ctx, queues, &res)
-	if len(ids) == 0 {
+	// Active tasks of every queue; a queue that fails is an error of this
+	// pass and none of its tasks or rows is touched.
+	ids, listed := r.listActive(ctx, queues, &res)
+	if len(ids) > 0 && !r.reapActive(ctx, ids, now, &res) {
 		return res, nil
 	}
-	// Step 3: rows and limits in batched queries.
+	// Stalled rows of the listed queues whose task is not active.
+	r.reapLost(ctx, listed, ids, now, &res)
+	return res, nil
+}
+
+// reapActive loads the rows and limits of the active tasks ids in batched
+// queries, decides on each and reaps the stalled ones. It returns false
+// when the rows could not be loaded (an error of the pass).
+func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, res *Result) bool {
 	snaps, err := r.store.LoadForTasks(ctx, ids)
 	if err != nil {
-		r.opts.Metrics.errorAt(stageLoad)
-		r.log.Error("loading job rows failed; no job is reaped this pass", "tasks", len(ids), "err", err)
-		res.Errors++
-		return res, nil
+		r.failed(ctx, res, stageLoad, "loading job rows failed; no job is reaped this pass", "tasks", len(ids), "err", err)
+		return false
 	}
-	// Steps 4 to 6: decide, reap, mark.
 	for _, id := range ids {
 		var snap *jobs.Snapshot
 		if s, ok := snaps[id]; ok {
@@ -183,11 +196,11 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 			continue
 		}
 		if ctx.Err() != nil {
-			return res, nil
+			return false
 		}
-		r.reap(ctx, *snap, jobs.ReasonStalled, &res)
+		r.reap(ctx, *snap, jobs.ReasonStalled, res)
 	}
-	return res, nil
+	return true
 }
 
 // logSkip warns about the skips an operator must act on (a job type's
@@ -209,17 +222,18 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict) {
 	}
 }
 
-func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) []string {
+// listActive lists the active tasks of queues. It returns their IDs,
+// sorted and without duplicates, and the queues that were listed
+// completely (a queue asynq never saw counts as listed and empty).
+func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (ids, listed []string) {
 	seen := map[string]bool{}
-	var ids []string
 	for _, q := range queues {
 		tasks, err := r.lister.ListActive(ctx, q)
 		if err != nil {
-			r.opts.Metrics.errorAt(stageList)
-			r.log.Error("listing active tasks failed; this queue is skipped this pass", "queue", q, "err", err)
-			res.Errors++
+			r.failed(ctx, res, stageList, "listing active tasks failed; this queue is skipped this pass", "queue", q, "err", err)
 			continue
 		}
+		listed = append(listed, q)
 		if tasks.NotFound {
 			r.opts.Metrics.queueMissing(q)
 			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
@@ -238,7 +252,7 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) [
 		}
 	}
 	slices.Sort(ids)
-	return ids
+	return ids, listed
 }
 
 // reap runs the compare-and-set and, when it changed the row, sets the
@@ -249,9 +263,7 @@ func (r *Reaper) reap(ctx context.Context, snap jobs.Snapshot, reason string, re
 		Reason: reason, Rule: r.opts.Rule,
 	})
 	if err != nil {
-		r.opts.Metrics.errorAt(stageReap)
-		r.log.Error("reap failed; nothing was written, retried next pass", "job_id", snap.ID, "err", err)
-		res.Errors++
+		r.failed(ctx, res, stageReap, "reap failed; nothing was written, retried next pass", "job_id", snap.ID, "err", err)
 		return
 	}
 	if !reaped {
@@ -266,10 +278,24 @@ func (r *Reaper) reap(ctx context.Context, snap jobs.Snapshot, reason string, re
 		"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
 	// The marker's 7 days run from the reap; it is set just after the
 	// commit, so the full TTL applies.
-	if _, err := r.markers.Set(ctx, snap.ID, ev.Generation, queue.MarkerTTL); err != nil {
-		r.opts.Metrics.errorAt(stageMarker)
-		r.log.Error("marker write failed; the FAILED row still refuses the task", "job_id", snap.ID,
+	// The reap is committed, so the marker is written even when the pass is
+	// being stopped; MarkerStore bounds the call with its own timeout.
+	mctx := context.WithoutCancel(ctx)
+	if _, err := r.markers.Set(mctx, snap.ID, ev.Generation, queue.MarkerTTL); err != nil {
+		r.failed(mctx, res, stageMarker, "marker write failed; the FAILED row still refuses the task", "job_id", snap.ID,
 			"generation", ev.Generation, "err", err)
-		res.Errors++
 	}
+}
+
+// failed counts and logs an error of the pass at stage. An error caused by
+// the pass being stopped (ctx done) is not an error of the pass: it is
+// noted at debug level and not counted.
+func (r *Reaper) failed(ctx context.Context, res *Result, stage, msg string, args ...any) {
+	if ctx.Err() != nil {
+		r.log.Debug(msg+" (pass stopped)", args...)
+		return
+	}
+	r.opts.Metrics.errorAt(stage)
+	r.log.Error(msg, args...)
+	res.Errors++
 }

@@ -24,7 +24,18 @@ type fakeLister struct {
 	mu     sync.Mutex
 	queues map[string]queue.ActiveTasks
 	failed map[string]error
-	calls  int
+	// statuses answers TaskStatus by task ID; a missing ID is not found.
+	statuses map[string]queue.TaskStatus
+	calls    int
+}
+
+func (f *fakeLister) TaskStatus(_ context.Context, _, id string) (queue.TaskStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st, ok := f.statuses[id]; ok {
+		return st, nil
+	}
+	return queue.TaskNotFound, nil
 }
 
 func (f *fakeLister) Queues(context.Context) ([]string, error) {

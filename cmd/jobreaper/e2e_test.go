@@ -201,3 +201,66 @@ func stateOf(info *asynq.TaskInfo) string {
 	}
 	return fmt.Sprint(info.State)
 }
+
+// TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun covers a worker
+// killed on its task's last attempt: the row still says PROCESSING, but
+// asynq has archived the task and will never run it again. A stalled job
+// whose task waits for its retry is left alone.
+func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := jobstest.New(t)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (bash .ci/test starts it)", err)
+	}
+	q := "e2e_" + db.Schema
+	lost, waiting := q+"-lost", q+"-waiting"
+	inspector := asynq.NewInspectorFromRedisClient(rdb)
+	t.Cleanup(func() {
+		_ = inspector.DeleteQueue(q, true)
+		rdb.Del(context.Background(), queue.MarkerKey(lost), queue.MarkerKey(waiting))
+	})
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	store := jobs.NewStore(db.Pool)
+	client := asynq.NewClientFromRedisClient(rdb)
+	for _, id := range []string{lost, waiting} {
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
+		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("e2e", nil), id); err != nil {
+			t.Fatal(err)
+		}
+		// The attempt that was killed had claimed the job 31 minutes ago.
+		if _, err := store.Claim(ctx, id, 0, "killed-worker"); err != nil {
+			t.Fatal(err)
+		}
+		db.Exec(t, `UPDATE jobs SET started_at = now() - interval '31 minutes', updated_at = now() - interval '21 minutes' WHERE id = $1`, id)
+	}
+	if err := inspector.ArchiveTask(q, lost); err != nil {
+		t.Fatal(err)
+	}
+
+	var stdout, stderr bytes.Buffer
+	code := execute(ctx, []string{"run", "--once", "--output", "json",
+		"--database-url", db.URL, "--schema", db.Schema, "--redis-url", e2eRedisURL, "--queues", q}, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	var got struct {
+		Scanned, Reaped, Errors int
+		Skipped                 map[string]int
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil || code != 0 {
+		t.Fatalf("exit %d, stdout %q (%v)", code, stdout.String(), err)
+	}
+	if got.Scanned != 0 || got.Reaped != 1 || got.Errors != 0 || got.Skipped["awaiting_retry"] != 1 {
+		t.Fatalf("summary = %+v, want reaped 1 and awaiting_retry 1", got)
+	}
+	if row := db.Read(t, lost); row.Status != jobs.StatusFailed || row.FailureReason != "lost_task" {
+		t.Fatalf("job of the archived task = %+v, want FAILED lost_task", row)
+	}
+	if row := db.Read(t, waiting); row.Status != jobs.StatusProcessing {
+		t.Fatalf("job whose task waits = %+v, want PROCESSING", row)
+	}
+	if n, err := rdb.Exists(ctx, queue.MarkerKey(lost)).Result(); err != nil || n != 1 {
+		t.Fatalf("marker of the lost job exists = %d (%v), want 1", n, err)
+	}
+}
