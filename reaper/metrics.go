@@ -15,6 +15,7 @@ type Metrics struct {
 	skipped       *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	markersFailed prometheus.Counter
+	markersFixed  prometheus.Counter
 	queueNotFound *prometheus.CounterVec
 	duration      prometheus.Histogram
 	lastSuccess   prometheus.Gauge
@@ -59,6 +60,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jobreaper_markers_failed_total",
 			Help: "Reaped jobs whose Redis marker could not be written (the FAILED row still guards).",
 		}),
+		markersFixed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jobreaper_markers_repaired_total",
+			Help: "Markers re-set by a later pass after their write failed at the reap.",
+		}),
 		queueNotFound: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_queue_not_found_total",
 			Help: "Configured queues asynq has never seen (treated as empty; check for a typo).",
@@ -88,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipChangedSinceRead, SkipAwaitingRetry} {
 		m.skipped.WithLabelValues(string(reason))
 	}
-	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed,
+	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
 		m.queueNotFound, m.duration, m.lastSuccess)
 	return m
 }
@@ -102,6 +107,12 @@ func (m *Metrics) errorAt(stage string) {
 		if stage == stageMarker {
 			m.markersFailed.Inc()
 		}
+	}
+}
+
+func (m *Metrics) markerRepaired() {
+	if m != nil {
+		m.markersFixed.Inc()
 	}
 }
 

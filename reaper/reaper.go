@@ -25,6 +25,8 @@ type Store interface {
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
 	Reap(ctx context.Context, p jobs.ReapParams) (bool, jobs.Evidence, error)
 	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
+	MarkMarkerSet(ctx context.Context, jobID string, generation int64) error
+	ListMissingMarkers(ctx context.Context, within time.Duration, limit int) ([]jobs.MissingMarker, time.Time, error)
 }
 
 // Lister lists active tasks and looks single tasks up;
@@ -164,6 +166,9 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 			return res, fmt.Errorf("%w: listing asynq queues: %w", ErrPassFailed, err)
 		}
 	}
+	// Markers whose write failed in an earlier pass (first, so that a
+	// write failing in this pass is not retried at once).
+	r.repairMarkers(ctx, &res)
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
 	ids, listed := r.listActive(ctx, queues, &res)
@@ -282,9 +287,11 @@ func (r *Reaper) reap(ctx context.Context, snap jobs.Snapshot, reason string, re
 	// being stopped; MarkerStore bounds the call with its own timeout.
 	mctx := context.WithoutCancel(ctx)
 	if _, err := r.markers.Set(mctx, snap.ID, ev.Generation, queue.MarkerTTL); err != nil {
-		r.failed(mctx, res, stageMarker, "marker write failed; the FAILED row still refuses the task", "job_id", snap.ID,
-			"generation", ev.Generation, "err", err)
+		r.failed(mctx, res, stageMarker, "marker write failed; the FAILED row still refuses the task and a later pass re-sets the marker",
+			"job_id", snap.ID, "generation", ev.Generation, "err", err)
+		return
 	}
+	r.markerWritten(mctx, snap.ID, ev.Generation)
 }
 
 // failed counts and logs an error of the pass at stage. An error caused by

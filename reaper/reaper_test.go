@@ -65,6 +65,17 @@ func (f *fakeLister) ListActive(_ context.Context, q string) (queue.ActiveTasks,
 	return tasks, nil
 }
 
+// countingMarkers counts the marker writes it passes on.
+type countingMarkers struct {
+	*queue.MarkerStore
+	sets int
+}
+
+func (c *countingMarkers) Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (bool, error) {
+	c.sets++
+	return c.MarkerStore.Set(ctx, jobID, generation, ttl)
+}
+
 // brokenMarkers fails every write, as Redis does during an outage.
 type brokenMarkers struct{}
 
@@ -166,6 +177,10 @@ func TestRunOnce(t *testing.T) {
 		if b.redis.Exists("jobreaper:reaped:J12") {
 			t.Fatal("J12 got a marker")
 		}
+		var recorded bool
+		if err := b.db.Pool.QueryRow(ctx, `SELECT marker_set_at IS NOT NULL FROM jobs WHERE id = 'J5'`).Scan(&recorded); err != nil || !recorded {
+			t.Fatalf("J5 marker_set_at recorded = %v (%v), want true", recorded, err)
+		}
 		if got := metricValue(t, b.reg, "jobreaper_jobs_reaped_total", map[string]string{"reason": "stalled"}); got != 1 {
 			t.Fatalf("jobreaper_jobs_reaped_total = %v, want 1", got)
 		}
@@ -226,6 +241,27 @@ func TestRunOnce(t *testing.T) {
 		}
 		if row := b.db.Read(t, "J1"); row.Status != jobs.StatusFailed {
 			t.Fatalf("J1 = %+v", row)
+		}
+		// Redis is back: the next pass re-sets the marker with what is left
+		// of its 7 days (here the reap is 2 hours old), and records it.
+		b.db.Exec(t, `UPDATE jobs SET finished_at = finished_at - interval '2 hours' WHERE id = 'J1'`)
+		counting := &countingMarkers{MarkerStore: b.markers}
+		r = reaper.New(jobs.NewStore(b.db.Pool), b.lister, counting,
+			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
+		if res, err := r.RunOnce(ctx); err != nil || res.Errors != 0 || res.Reaped != 0 {
+			t.Fatalf("repair pass result = %+v, err = %v", res, err)
+		}
+		if v, err := b.redis.Get(queue.MarkerKey("J1")); err != nil || v != "1" {
+			t.Fatalf("repaired marker = %q, %v; want generation 1", v, err)
+		}
+		if ttl := b.redis.TTL(queue.MarkerKey("J1")); ttl > queue.MarkerTTL-2*time.Hour || ttl < queue.MarkerTTL-2*time.Hour-time.Minute {
+			t.Fatalf("repaired marker TTL = %v, want 7 days minus the 2 hours since the reap", ttl)
+		}
+		if got := metricValue(t, b.reg, "jobreaper_markers_repaired_total", nil); got != 1 {
+			t.Fatalf("jobreaper_markers_repaired_total = %v, want 1", got)
+		}
+		if _, err := r.RunOnce(ctx); err != nil || counting.sets != 1 {
+			t.Fatalf("marker writes after a third pass = %d (err %v), want still 1: a repaired marker is recorded", counting.sets, err)
 		}
 	})
 

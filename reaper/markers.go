@@ -1,0 +1,43 @@
+package reaper
+
+import (
+	"context"
+
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// markerWritten records in the job row that its marker is in Redis. If
+// that fails, a later pass finds the marker "missing", re-sets it (a no-op:
+// the compare-and-set keeps the existing one) and records it then.
+func (r *Reaper) markerWritten(ctx context.Context, jobID string, generation int64) {
+	if err := r.store.MarkMarkerSet(ctx, jobID, generation); err != nil {
+		r.log.Warn("could not record the marker write; a later pass records it", "job_id", jobID, "err", err)
+	}
+}
+
+// repairMarkers re-sets the markers of jobs reaped within the marker's
+// lifetime whose marker write was never confirmed (Redis failed at the
+// reap). Each gets only what is left of its 7 days, counted on the
+// database clock from the reap, never more; the marker's compare-and-set
+// keeps a marker that is already there.
+func (r *Reaper) repairMarkers(ctx context.Context, res *Result) {
+	if ctx.Err() != nil {
+		return
+	}
+	missing, now, err := r.store.ListMissingMarkers(ctx, queue.MarkerTTL, 0)
+	if err != nil {
+		r.failed(ctx, res, stageMarker, "looking for missing markers failed; retried next pass", "err", err)
+		return
+	}
+	for _, m := range missing {
+		ttl := queue.MarkerRemaining(m.ReapedAt, now)
+		if _, err := r.markers.Set(ctx, m.JobID, m.Generation, ttl); err != nil {
+			r.failed(ctx, res, stageMarker, "marker repair failed; retried next pass", "job_id", m.JobID, "err", err)
+			return // Redis is likely still down: try the rest next pass
+		}
+		r.markerWritten(ctx, m.JobID, m.Generation)
+		r.opts.Metrics.markerRepaired()
+		r.log.Info("marker re-set after an earlier failed write", "job_id", m.JobID, "generation", m.Generation,
+			"ttl", ttl, "reaped_at", m.ReapedAt)
+	}
+}
