@@ -5,8 +5,9 @@
 // Every setting has one name, its YAML key (stall_timeout); the flag is the
 // key with dashes (--stall-timeout) and the environment variable the key in
 // capitals behind JOBREAPER_ (JOBREAPER_STALL_TIMEOUT). Error messages use the
-// YAML key. Precedence, lowest first: defaults, the YAML file, the
-// environment, flags given on the command line.
+// YAML key and, through LoadWithOrigins and Origins.Annotate, say where a
+// bad value came from. Precedence, lowest first: defaults, the YAML file,
+// the environment, flags given on the command line.
 package config
 
 import (
@@ -43,9 +44,6 @@ const (
 	// Inspector ships every payload and re-checks every expired lease on
 	// each page, so small pages multiply that cost on a busy queue.
 	PageSizeMin = 1000
-	// HardTimeoutDefaultDefault is the asynq Timeout of job types whose
-	// hard_timeout is NULL: jobs.HardTimeoutDefault, 24 hours.
-	HardTimeoutDefaultDefault = jobs.HardTimeoutDefault
 	// MetricsAddrDefault serves /metrics and /healthz on the loopback
 	// interface only, so that a default install exposes nothing to the
 	// network; a sidecar sets ":9468" for its pod's scraper. Port 9468 is
@@ -92,9 +90,12 @@ type Config struct {
 	// PageSize is the number of active tasks fetched per Redis page; at
 	// least PageSizeMin.
 	PageSize int `yaml:"page_size" koanf:"page_size"`
-	// HardTimeoutDefault is the asynq Timeout of job types whose
-	// hard_timeout is NULL.
-	HardTimeoutDefault time.Duration `yaml:"hard_timeout_default" koanf:"hard_timeout_default"`
+	// HardTimeoutDefault is ignored and is not a setting (no key, flag or
+	// environment variable): a job type whose hard_timeout is NULL always
+	// gets jobs.HardTimeoutDefault (24 h), the asynq Timeout queue.Enqueue
+	// gives its tasks, and StallRule uses that value. Leave it unset; the
+	// field will be removed.
+	HardTimeoutDefault time.Duration `yaml:"-" koanf:"-"`
 	// MetricsAddr is the host:port of the /metrics and /healthz server, or
 	// MetricsAddrOff.
 	MetricsAddr string `yaml:"metrics_addr" koanf:"metrics_addr"`
@@ -125,7 +126,6 @@ func (c Config) WithDefaults() Config {
 	c.StallTimeout = cmp.Or(c.StallTimeout, StallTimeoutDefault)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, HeartbeatIntervalDefault)
 	c.PageSize = cmp.Or(c.PageSize, PageSizeDefault)
-	c.HardTimeoutDefault = cmp.Or(c.HardTimeoutDefault, HardTimeoutDefaultDefault)
 	c.MetricsAddr = cmp.Or(c.MetricsAddr, MetricsAddrDefault)
 	c.LogLevel = cmp.Or(c.LogLevel, LogLevelDefault)
 	c.LogFormat = cmp.Or(c.LogFormat, LogFormatDefault)
@@ -145,11 +145,14 @@ func (c Config) MinStallTimeout() time.Duration {
 
 // StallRule returns the daemon-wide part of the stall rule for the reaper:
 // StallTimeout as the default stall timeout, MinStallTimeout as the floor a
-// job_types row must meet, and HardTimeoutDefault.
+// job_types row must meet, and jobs.HardTimeoutDefault (24 h) as the
+// hard_timeout of a type whose column is NULL: the asynq Timeout
+// queue.Enqueue gives such a type's tasks, so the bad_limits rule checks
+// what asynq really does.
 func (c Config) StallRule() jobs.StallRule {
 	return jobs.StallRule{
 		DefaultStallTimeout: c.StallTimeout,
 		MinStallTimeout:     c.MinStallTimeout(),
-		DefaultHardTimeout:  c.HardTimeoutDefault,
+		DefaultHardTimeout:  jobs.HardTimeoutDefault,
 	}
 }

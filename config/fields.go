@@ -34,14 +34,13 @@ type setting struct {
 // settings lists, in help order, every Config field except Cascades.
 var settings = []setting{
 	{key: "database_url", secret: true, usage: "PostgreSQL URL, e.g. postgres://user:password@host:5432/db (required; passwords never appear in logs or errors)"},
-	{key: "redis_url", secret: true, usage: "Redis URL of the asynq queues: redis://[:password@]host:port/db, rediss:// for TLS"},
+	{key: "redis_url", secret: true, usage: "Redis URL of the asynq queues, with its scheme: redis://[:password@]host:port/db, rediss:// for TLS"},
 	{key: "schema", usage: "PostgreSQL schema of jobreaper's tables"},
 	{key: "queues", usage: "asynq queues to scan, comma-separated; empty scans every queue asynq knows, rediscovered at each pass"},
 	{key: "interval", usage: "time between two daemon passes (Go duration: 90s, 5m, 1h)"},
 	{key: "stall_timeout", usage: "idle time after which a job past its max_runtime is reaped, for types without their own; at least 2 x heartbeat-interval + interval (Go duration)"},
-	{key: "heartbeat_interval", usage: "longest gap between two heartbeats of a live worker (the worker library's limiter) (Go duration)"},
+	{key: "heartbeat_interval", usage: "longest gap between two heartbeats of a live worker: the interval the workers give jobs.NewHeartbeater, which it must equal (Go duration)"},
 	{key: "page_size", usage: "active tasks fetched per Redis page, at least 1000 (tasks)"},
-	{key: "hard_timeout_default", usage: "asynq Timeout of job types without their own hard_timeout: asynq cancels and retries a task after it (Go duration)"},
 	{key: "metrics_addr", usage: `host:port serving /metrics and /healthz; "off" starts no server`},
 	{key: "log_level", usage: "log level: debug, info, warn or error (logs go to stderr)"},
 	{key: "log_format", usage: "log format: text or json"},

@@ -5,17 +5,18 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/knadh/koanf/parsers/yaml"
-	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/jobreaper/jobreaper/jobs"
 )
@@ -54,75 +55,176 @@ func ConfigFile(fs *pflag.FlagSet, environ []string) string {
 }
 
 // Load builds a Config from the defaults overridden by src. It does not
-// validate the result: call Validate on it.
-//
-// Errors: a file that cannot be read or is not YAML; a key in the file
-// that is not a setting (named, with the nearest known key: typos are
-// never dropped); and every value that does not decode to its setting's
-// type, naming the setting and the value (URLs only through
-// jobs.RedactURL). Every problem with a value is reported, joined with
-// errors.Join, each a *FieldError.
+// validate the result: call Validate on it. It is LoadWithOrigins without
+// the origins.
 func Load(src Sources) (Config, error) {
+	cfg, _, err := LoadWithOrigins(src)
+	return cfg, err
+}
+
+// LoadWithOrigins builds a Config from the defaults overridden by src and
+// says where each setting's value came from, for Origins.Annotate to name
+// in Validate's errors. It does not validate the result.
+//
+// Errors: a file that cannot be read or is not YAML (naming the file and,
+// when the parser gives it, the line); a key in the file that is not a
+// setting (named with its line and the nearest known key: typos are never
+// dropped); and every value that does not decode to its setting's type,
+// naming the setting, the value (URLs only through jobs.RedactURL) and
+// where it came from. Every problem with a key or a value is reported,
+// joined with errors.Join, each a *FieldError.
+func LoadWithOrigins(src Sources) (Config, Origins, error) {
 	k := koanf.New(".")
+	origins := Origins{}
 	var errs []error
 	if src.File != "" {
-		fk := koanf.New(".")
-		if err := fk.Load(file.Provider(src.File), yaml.Parser()); err != nil {
-			return Config{}, fileError(src.File, err)
+		raw, lines, err := readFile(src.File)
+		if err != nil {
+			return Config{}, nil, err
 		}
-		errs = append(errs, unknownKeys(src.File, fk.Raw())...)
-		if err := k.Merge(fk); err != nil {
-			return Config{}, fmt.Errorf("config file %s: %w", src.File, err)
+		errs = append(errs, unknownKeys(src.File, raw, lines)...)
+		for key := range raw {
+			origins[key] = Origin{Kind: OriginFile, Key: key, Name: src.File, Line: lines[key]}
+		}
+		if err := k.Load(mapProvider(raw), nil); err != nil {
+			return Config{}, nil, fmt.Errorf("config file %s: %w", src.File, err)
 		}
 	}
-	if err := k.Load(mapProvider(envSettings(src.Environ)), nil); err != nil {
-		return Config{}, fmt.Errorf("reading the environment: %w", err)
+	env := envSettings(src.Environ)
+	for key := range env {
+		origins[key] = Origin{Kind: OriginEnv, Key: key, Name: envName(key)}
+	}
+	if err := k.Load(mapProvider(env), nil); err != nil {
+		return Config{}, nil, fmt.Errorf("reading the environment: %w", err)
 	}
 	if src.Flags != nil {
 		flags := posflag.ProviderWithFlag(src.Flags, ".", nil, func(f *pflag.Flag) (string, any) {
 			key := strings.ReplaceAll(f.Name, "-", "_")
-			if _, _, ok := Names(key); !ok {
+			flag, _, ok := Names(key)
+			if !ok {
 				return "", nil // --config, --output, --help and the like
+			}
+			if f.Changed {
+				origins[key] = Origin{Kind: OriginFlag, Key: key, Name: flag}
 			}
 			return key, posflag.FlagVal(src.Flags, f)
 		})
 		if err := k.Load(flags, nil); err != nil {
-			return Config{}, fmt.Errorf("reading flags: %w", err)
+			return Config{}, nil, fmt.Errorf("reading flags: %w", err)
 		}
 	}
 	cfg, decodeErrs := decode(k.Raw())
-	return cfg, errors.Join(append(errs, decodeErrs...)...)
+	errs = append(errs, decodeErrs...)
+	return cfg, origins, origins.Annotate(errors.Join(errs...))
 }
 
-func fileError(path string, err error) error {
-	var pathErr *fs.PathError
+// readFile reads the YAML file at path: its top-level mapping and the line
+// of each of its keys.
+func readFile(path string) (map[string]any, map[string]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		var pathErr *fs.PathError
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, nil, fmt.Errorf("config file %s does not exist: fix the path given by --config or %s", path, EnvConfigFile)
+		case errors.As(err, &pathErr):
+			return nil, nil, fmt.Errorf("config file %s cannot be read (%w): fix its permissions, or the path given by --config or %s",
+				path, pathErr.Err, EnvConfigFile)
+		default:
+			return nil, nil, fmt.Errorf("config file %s cannot be read: %w", path, err)
+		}
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		problem := yamlProblem(err)
+		if line := syntaxErrorLine(b); line > 0 {
+			problem = fmt.Sprintf("line %d: %s", line, yamlLine.ReplaceAllString(problem, ""))
+		}
+		return nil, nil, fmt.Errorf("config file %s is not valid YAML: %s", path, problem)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
+		root = root.Content[0]
+	}
+	raw, lines := map[string]any{}, map[string]int{}
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("config file %s does not exist (check --config or %s)", path, EnvConfigFile)
-	case errors.As(err, &pathErr):
-		return fmt.Errorf("config file %s cannot be read: %w", path, err)
+	case root.Kind == 0, root.Kind == yaml.ScalarNode && root.Tag == "!!null":
+		return raw, lines, nil // an empty file sets nothing
+	case root.Kind != yaml.MappingNode:
+		return nil, nil, fmt.Errorf("config file %s is not valid: line %d: the top level must be a mapping of settings (key: value), not a %s",
+			path, root.Line, nodeKind(root))
+	}
+	if err := root.Decode(&raw); err != nil {
+		return nil, nil, fmt.Errorf("config file %s is not valid YAML: %s", path, yamlProblem(err))
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		lines[root.Content[i].Value] = root.Content[i].Line
+	}
+	return raw, lines, nil
+}
+
+// yamlLine matches the line number the YAML parser puts before a syntax
+// error's message.
+var yamlLine = regexp.MustCompile(`^line [0-9]+: `)
+
+// syntaxErrorLine returns the line of the syntax error in the YAML b: the
+// line after the longest run of whole lines from the top that parses. The
+// parser's own number cannot be used: for some errors it counts from 0,
+// for others from 1, and on the first line it gives none. It returns 0
+// for a file too long to search this way (the parser's message is used).
+func syntaxErrorLine(b []byte) int {
+	lines := strings.SplitAfter(string(b), "\n")
+	if len(lines) > 2000 {
+		return 0
+	}
+	good := 0
+	for k := 1; k <= len(lines); k++ {
+		var n yaml.Node
+		if yaml.Unmarshal([]byte(strings.Join(lines[:k], "")), &n) == nil {
+			good = k
+		}
+	}
+	return good + 1
+}
+
+// yamlProblem returns the parser's message without its "yaml: " prefix,
+// every line of a decoding error on one line ("line 2: ...").
+func yamlProblem(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return strings.Join(te.Errors, "; ")
+	}
+	return strings.TrimPrefix(err.Error(), "yaml: ")
+}
+
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "list"
+	case yaml.ScalarNode:
+		return "single value"
 	default:
-		return fmt.Errorf("config file %s is not valid YAML: %w", path, err)
+		return "YAML node of another kind"
 	}
 }
 
 // unknownKeys reports every top-level key of the file that is not a
-// setting, and every key of a cascade that is not on_failed or
-// on_completed.
-func unknownKeys(path string, raw map[string]any) []error {
+// setting, with its line, and every key of a cascade that is not on_failed
+// or on_completed.
+func unknownKeys(path string, raw map[string]any, lines map[string]int) []error {
 	known := knownKeys()
 	var errs []error
 	for _, key := range slices.Sorted(maps.Keys(raw)) {
 		if slices.Contains(known, key) {
 			continue
 		}
-		msg := fmt.Sprintf("config file %s: unknown key %q", path, key)
+		msg := fmt.Sprintf("config file %s line %d: unknown key %q", path, lines[key], key)
 		if near := closest(key, known); near != "" {
 			msg += fmt.Sprintf(" (did you mean %q?)", near)
 		} else {
 			msg += " (known keys: " + strings.Join(known, ", ") + ")"
 		}
-		errs = append(errs, &FieldError{Key: key, Msg: msg})
+		errs = append(errs, &FieldError{Key: key, Msg: msg, unknownKey: true})
 	}
 	return errs
 }

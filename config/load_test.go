@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -103,7 +104,7 @@ queues: [file-a, file-b]
 			"JOBREAPER_DATABASE_URL=postgres://env@db/app", "JOBREAPER_REDIS_URL=redis://env:6379/2",
 			"JOBREAPER_SCHEMA=jr", "JOBREAPER_QUEUES=a,b", "JOBREAPER_INTERVAL=2m",
 			"JOBREAPER_STALL_TIMEOUT=20m", "JOBREAPER_HEARTBEAT_INTERVAL=4m", "JOBREAPER_PAGE_SIZE=2000",
-			"JOBREAPER_HARD_TIMEOUT_DEFAULT=12h", "JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
+			"JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
 			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
 		}
 		got, err := Load(Sources{Environ: env})
@@ -113,7 +114,7 @@ queues: [file-a, file-b]
 		want := Config{
 			DatabaseURL: "postgres://env@db/app", RedisURL: "redis://env:6379/2", Schema: "jr",
 			Queues: []string{"a", "b"}, Interval: 2 * time.Minute, StallTimeout: 20 * time.Minute,
-			HeartbeatInterval: 4 * time.Minute, PageSize: 2000, HardTimeoutDefault: 12 * time.Hour,
+			HeartbeatInterval: 4 * time.Minute, PageSize: 2000,
 			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
 		}
 		if !reflect.DeepEqual(got, want) {
@@ -142,11 +143,12 @@ queues: [file-a, file-b]
 		if len(ps) != 2 {
 			t.Fatalf("want 2 problems, got %v", err)
 		}
-		if ps[0].Key != "frobnicate" || !strings.Contains(ps[0].Msg, `unknown key "frobnicate"`) ||
+		if ps[0].Key != "frobnicate" || !strings.Contains(ps[0].Msg, path+` line 2: unknown key "frobnicate"`) ||
 			!strings.Contains(ps[0].Msg, "known keys: database_url,") {
 			t.Errorf("first problem: %s", ps[0].Msg)
 		}
-		if ps[1].Key != "stal_timeout" || !strings.Contains(ps[1].Msg, `unknown key "stal_timeout" (did you mean "stall_timeout"?)`) {
+		if ps[1].Key != "stal_timeout" || ps[1].Msg != "config file "+path+` line 1: unknown key "stal_timeout" (did you mean "stall_timeout"?)` ||
+			ps[1].Error() != ps[1].Msg {
 			t.Errorf("second problem: %s", ps[1].Msg)
 		}
 	})
@@ -183,6 +185,20 @@ queues: {a: b}
 		t.Parallel()
 		_, err := Load(Sources{Environ: []string{"JOBREAPER_INTERVAL=5 minutes"}})
 		requireProblem(t, err, "interval", `interval: "5 minutes" is not a duration`)
+		want := `interval: "5 minutes" is not a duration (use Go syntax such as 5m or 90s) (from environment JOBREAPER_INTERVAL)`
+		if err.Error() != want {
+			t.Fatalf("err = %q, want %q", err, want)
+		}
+	})
+
+	t.Run("NamesTheFileLineAndKeyOfAMalformedValue", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "schema: jr\n\npage_size: lots\n")
+		_, err := Load(Sources{File: path})
+		want := `page_size: "lots" is not a whole number (from file ` + path + ` line 3 key page_size)`
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
 	})
 
 	t.Run("RefusesKeyWithoutValue", func(t *testing.T) {
@@ -220,19 +236,69 @@ cascades:
 		requireProblem(t, err, `cascades["crawl.site"]`, `unknown key "on_fail"`, "on_failed, on_completed")
 	})
 
-	t.Run("SaysWhenTheFileIsMissing", func(t *testing.T) {
+	t.Run("SaysWhenTheFileIsMissingAndWhatToFix", func(t *testing.T) {
 		t.Parallel()
-		_, err := Load(Sources{File: filepath.Join(t.TempDir(), "nope.yaml")})
-		if err == nil || !strings.Contains(err.Error(), "nope.yaml does not exist (check --config or JOBREAPER_CONFIG)") {
-			t.Fatalf("err = %v", err)
+		path := filepath.Join(t.TempDir(), "nope.yaml")
+		_, err := Load(Sources{File: path})
+		want := "config file " + path + " does not exist: fix the path given by --config or JOBREAPER_CONFIG"
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
 		}
 	})
 
-	t.Run("SaysWhenTheFileIsNotYAML", func(t *testing.T) {
+	t.Run("NamesTheFileAndLineOfAYAMLSyntaxError", func(t *testing.T) {
 		t.Parallel()
-		_, err := Load(Sources{File: writeFile(t, "interval: [1m\n")})
-		if err == nil || !strings.Contains(err.Error(), "is not valid YAML") {
-			t.Fatalf("err = %v", err)
+		path := writeFile(t, "schema: jr\ninterval: [1m\n")
+		_, err := Load(Sources{File: path})
+		want := "config file " + path + " is not valid YAML: line 2: did not find expected ',' or ']'"
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
+	})
+
+	t.Run("NamesTheLineOfADuplicateKey", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "interval: 1m\nschema: jr\ninterval: 2m\n")
+		_, err := Load(Sources{File: path})
+		want := "config file " + path + ` is not valid YAML: line 3: mapping key "interval" already defined at line 1`
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
+	})
+
+	t.Run("RefusesAFileThatIsNotAMapping", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "- interval: 1m\n")
+		_, err := Load(Sources{File: path})
+		want := "config file " + path + " is not valid: line 1: the top level must be a mapping of settings (key: value), not a list"
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
+	})
+
+	t.Run("AnEmptyFileSetsNothing", func(t *testing.T) {
+		t.Parallel()
+		got, err := Load(Sources{File: writeFile(t, "# nothing yet\n")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, Config{}.WithDefaults()) {
+			t.Fatalf("got %+v", got)
+		}
+	})
+
+	t.Run("RefusesTheRemovedHardTimeoutDefaultKey", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "interval: 1m\nhard_timeout_default: 24h\n")
+		_, err := Load(Sources{File: path})
+		requireProblem(t, err, "hard_timeout_default", "config file "+path+` line 2: unknown key "hard_timeout_default"`)
+		// Neither a flag nor a read environment variable any more.
+		if f, _, ok := Names("hard_timeout_default"); ok || flags(t).Lookup("hard-timeout-default") != nil {
+			t.Fatalf("hard_timeout_default still has a flag %q", f)
+		}
+		got, err := Load(Sources{Environ: []string{"JOBREAPER_HARD_TIMEOUT_DEFAULT=1h"}})
+		if err != nil || !reflect.DeepEqual(got, Config{}.WithDefaults()) {
+			t.Fatalf("JOBREAPER_HARD_TIMEOUT_DEFAULT was read: %+v, %v", got, err)
 		}
 	})
 
@@ -243,6 +309,126 @@ cascades:
 			t.Fatalf("err = %v", err)
 		}
 	})
+}
+
+func TestLoadWithOrigins(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, "schema: file_schema\ninterval: 2m\nstall_timeout: 30m\n")
+	_, origins, err := LoadWithOrigins(Sources{
+		File:    path,
+		Environ: []string{"JOBREAPER_INTERVAL=3m", "JOBREAPER_PAGE_SIZE=2000"},
+		Flags:   flags(t, "--page-size", "3000", "--log-level", "debug"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"schema":        "file " + path + " line 1 key schema",
+		"interval":      "environment JOBREAPER_INTERVAL",
+		"stall_timeout": "file " + path + " line 3 key stall_timeout",
+		"page_size":     "flag --page-size",
+		"log_level":     "flag --log-level",
+		"op_timeout":    "default",
+	}
+	for key, w := range want {
+		if got := origins.Of(key).String(); got != w {
+			t.Errorf("origin of %s = %q, want %q", key, got, w)
+		}
+	}
+}
+
+func TestOriginsAnnotateValidateErrors(t *testing.T) {
+	t.Parallel()
+
+	t.Run("NamesTheFlagOfTheBadValue", func(t *testing.T) {
+		t.Parallel()
+		cfg, origins, err := LoadWithOrigins(Sources{
+			Environ: []string{"JOBREAPER_DATABASE_URL=postgres://u@db/app"},
+			Flags:   flags(t, "--log-format", "xml"),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = origins.Annotate(cfg.Validate())
+		want := `log_format "xml" is not a format: use text or json (from flag --log-format)`
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
+	})
+
+	t.Run("NamesEverySourceOfARuleAcrossSettings", func(t *testing.T) {
+		t.Parallel()
+		path := writeFile(t, "database_url: postgres://u@db/app\nheartbeat_interval: 10m\n")
+		cfg, origins, err := LoadWithOrigins(Sources{File: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = origins.Annotate(cfg.Validate())
+		want := "stall_timeout 15m0s is below 2 x heartbeat_interval (10m0s) + interval (1m0s) = 21m0s: " +
+			"a live worker would be reaped between two heartbeats (stall_timeout is the default, " +
+			"heartbeat_interval from file " + path + " line 2 key heartbeat_interval, interval is the default)"
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v\nwant %s", err, want)
+		}
+	})
+
+	t.Run("AddsNothingWhenEverySettingIsTheDefault", func(t *testing.T) {
+		t.Parallel()
+		cfg, origins, err := LoadWithOrigins(Sources{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = origins.Annotate(cfg.Validate())
+		want := "database_url is required: set --database-url or JOBREAPER_DATABASE_URL to a PostgreSQL URL such as postgres://user:password@host:5432/db"
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
+	})
+
+	t.Run("NeverShowsAPassword", func(t *testing.T) {
+		t.Parallel()
+		cfg, origins, err := LoadWithOrigins(Sources{Flags: flags(t,
+			"--database-url", "postgres://u:s3cretpw@db:notaport/app", "--redis-url", "u:s3cretpw@cache:6379")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = origins.Annotate(cfg.Validate())
+		if err == nil || strings.Contains(err.Error(), "s3cretpw") {
+			t.Fatalf("err = %v", err)
+		}
+		for _, w := range []string{"(from flag --database-url)", `redis_url "xxxxx@cache:6379" has no scheme`, "(from flag --redis-url)"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("err %q lacks %q", err, w)
+			}
+		}
+	})
+}
+
+func TestOnly(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, "shema: jr\ninterval: 5 minutes\nstall_timeout: 1m\nredis_url: cache:6379\n"+
+		"cascades:\n  crawl.site:\n    on_fail: [SELECT 1]\n")
+	cfg, origins, err := LoadWithOrigins(Sources{File: path, Flags: flags(t, "--log-level", "loud")})
+	err = errors.Join(err, origins.Annotate(cfg.Validate()))
+
+	var keys []string
+	for _, p := range problems(t, Only(err, MigrateKeys...)) {
+		keys = append(keys, p.Key)
+	}
+	// The misspelt key stays (it may be a setting migrate uses); interval,
+	// stall_timeout, redis_url, cascades and the missing database_url's
+	// siblings are not migrate's.
+	if strings.Join(keys, ",") != "shema,database_url,log_level" {
+		t.Fatalf("problems kept for migrate: %v", keys)
+	}
+	if Only(nil, MigrateKeys...) != nil {
+		t.Fatal("Only(nil) is not nil")
+	}
+	c := valid()
+	c.StallTimeout, c.RedisURL, c.Queues, c.MetricsAddr = time.Minute, "cache:6379", []string{""}, "nowhere"
+	if err := Only(c.Validate(), MigrateKeys...); err != nil {
+		t.Fatalf("daemon-only problems kept: %v", err)
+	}
 }
 
 func TestConfigFile(t *testing.T) {

@@ -66,7 +66,7 @@ func TestREADMEConfigurationTableMatchesConfig(t *testing.T) {
 	fields := map[string]bool{}
 	for i := range typ.NumField() {
 		key := typ.Field(i).Tag.Get("koanf")
-		if key == "" {
+		if key == "" || key == "-" {
 			continue
 		}
 		fields[key] = true

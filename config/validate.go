@@ -21,14 +21,31 @@ import (
 // every problem they find joined with errors.Join; each is a *FieldError.
 type FieldError struct {
 	// Key is the setting's YAML key, e.g. "stall_timeout"; for a cascade,
-	// cascades["<type>"] followed by .on_failed or .on_completed.
+	// cascades["<type>"] followed by .on_failed or .on_completed; for a key
+	// of the file that is not a setting, that key.
 	Key string
 	// Msg is the whole sentence: the key, the value and the rule.
 	Msg string
+	// Related are the other settings the rule compares Key with, e.g.
+	// heartbeat_interval and interval for stall_timeout's floor.
+	Related []string
+	// Source says where the values of Key and Related came from, e.g.
+	// "from flag --stall-timeout"; "" when unknown or when all are
+	// defaults. Load sets it on its own problems; Origins.Annotate sets it
+	// on Validate's.
+	Source string
+
+	// unknownKey marks a key of the file that is not a setting.
+	unknownKey bool
 }
 
-// Error returns Msg.
-func (e *FieldError) Error() string { return e.Msg }
+// Error returns Msg followed by Source in parentheses when it is known.
+func (e *FieldError) Error() string {
+	if e.Source == "" {
+		return e.Msg
+	}
+	return e.Msg + " (" + e.Source + ")"
+}
 
 // schemaPattern is the rule jobs.Connect applies (jobs.ErrBadSchema), so
 // that a bad schema is reported with every other problem before anything
@@ -55,7 +72,6 @@ func (c Config) Validate() error {
 	v.positive("interval", c.Interval)
 	v.positive("stall_timeout", c.StallTimeout)
 	v.positive("heartbeat_interval", c.HeartbeatInterval)
-	v.positive("hard_timeout_default", c.HardTimeoutDefault)
 	v.positive("op_timeout", c.OpTimeout)
 	if c.StartJitter < 0 {
 		v.addf("start_jitter", "start_jitter %s is negative: use 0s to disable the delay or a positive duration such as 1s", c.StartJitter)
@@ -64,12 +80,12 @@ func (c Config) Validate() error {
 		v.addf("page_size", "page_size %d is below the minimum %d: asynq re-checks every expired lease on each page, so small pages multiply that cost", c.PageSize, PageSizeMin)
 	}
 	if c.Interval > 0 && c.HeartbeatInterval > 0 && c.StallTimeout > 0 && c.StallTimeout < c.MinStallTimeout() {
-		v.addf("stall_timeout", "stall_timeout %s is below 2 x heartbeat_interval (%s) + interval (%s) = %s: a live worker would be reaped between two heartbeats",
-			c.StallTimeout, c.HeartbeatInterval, c.Interval, c.MinStallTimeout())
-	}
-	if c.StallTimeout > 0 && c.HardTimeoutDefault > 0 && c.HardTimeoutDefault <= c.StallTimeout {
-		v.addf("hard_timeout_default", "hard_timeout_default %s is not longer than stall_timeout %s: asynq would cancel and retry a stalled task before the reaper could reap it",
-			c.HardTimeoutDefault, c.StallTimeout)
+		v.add(&FieldError{
+			Key:     "stall_timeout",
+			Related: []string{"heartbeat_interval", "interval"},
+			Msg: fmt.Sprintf("stall_timeout %s is below 2 x heartbeat_interval (%s) + interval (%s) = %s: a live worker would be reaped between two heartbeats",
+				c.StallTimeout, c.HeartbeatInterval, c.Interval, c.MinStallTimeout()),
+		})
 	}
 	v.metricsAddr(c.MetricsAddr)
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
@@ -85,8 +101,10 @@ func (c Config) Validate() error {
 type validator struct{ errs []error }
 
 func (v *validator) addf(key, format string, args ...any) {
-	v.errs = append(v.errs, &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+	v.add(&FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
 }
+
+func (v *validator) add(fe *FieldError) { v.errs = append(v.errs, fe) }
 
 func (v *validator) positive(key string, d time.Duration) {
 	if d <= 0 {
@@ -102,13 +120,64 @@ func (v *validator) databaseURL(raw string) {
 	// pgconn's errors can quote the URL, password included: never pass
 	// them on.
 	if _, err := pgconn.ParseConfig(raw); err != nil {
-		v.addf("database_url", "database_url %s is not a valid PostgreSQL connection URL: use postgres://user:password@host:5432/db", jobs.RedactURL(raw))
+		switch {
+		case !noScheme(raw):
+			v.addf("database_url", "database_url %s is not a valid PostgreSQL connection URL: use postgres://user:password@host:5432/db", jobs.RedactURL(raw))
+		case strings.Contains(raw, "="):
+			// A keyword=value string: jobs.RedactURL cannot redact it.
+			v.addf("database_url", "database_url (a keyword=value string, not shown: it may hold a password) is not a valid PostgreSQL connection string: use postgres://user:password@host:5432/db")
+		default:
+			v.addf("database_url", "database_url %s has no scheme: write it as a URL such as %s",
+				schemeless(raw), suggestURL(raw, "postgres://user:password@", "/db", "postgres://user:password@127.0.0.1:5432/db"))
+		}
 	}
+}
+
+// noScheme reports whether raw lacks the "scheme://" a URL starts with.
+func noScheme(raw string) bool { return !strings.Contains(raw, "://") }
+
+// schemeless shows a value that has no scheme, which jobs.RedactURL cannot
+// parse: a plain host:port as it is; with an "@", what follows it (what
+// precedes may be a password); anything else not at all, since it may be
+// a password in another form.
+func schemeless(raw string) string {
+	if plainHostPort(raw) {
+		return strconv.Quote(raw)
+	}
+	if i := strings.LastIndex(raw, "@"); i >= 0 && !strings.ContainsAny(raw[i+1:], "= \t") {
+		return strconv.Quote("xxxxx@" + raw[i+1:])
+	}
+	return "(not shown: it may hold a password)"
+}
+
+// plainHostPort reports whether raw is host:port with a numeric port and
+// nothing else, so that it cannot hold a password.
+func plainHostPort(raw string) bool {
+	host, port, err := net.SplitHostPort(raw)
+	if err != nil || host == "" || strings.ContainsAny(raw, "@/?#= \t") {
+		return false
+	}
+	_, err = strconv.ParseUint(port, 10, 16)
+	return err == nil
+}
+
+// suggestURL returns raw between scheme and suffix when raw is a plain
+// host:port, else fallback.
+func suggestURL(raw, scheme, suffix, fallback string) string {
+	if plainHostPort(raw) {
+		return scheme + raw + suffix
+	}
+	return fallback
 }
 
 func (v *validator) redisURL(raw string) {
 	if raw == "" {
 		v.addf("redis_url", "redis_url is required: use redis://[:password@]host:port/db")
+		return
+	}
+	if noScheme(raw) {
+		v.addf("redis_url", "redis_url %s has no scheme: write it as a URL such as %s (rediss:// for TLS, unix:///path for a socket)",
+			schemeless(raw), suggestURL(raw, "redis://", "/0", "redis://127.0.0.1:6379/0"))
 		return
 	}
 	u, err := url.Parse(raw)

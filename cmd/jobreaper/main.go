@@ -7,9 +7,12 @@
 //	jobreaper migrate          create or update jobreaper's tables
 //	jobreaper run              run the reaper daemon and its metrics server
 //	jobreaper run --once       run one pass and print what it did
+//	jobreaper demo             show a hung job reaped and its late result refused
+//	jobreaper version          print the version and VCS revision
 //
-// Exit codes: 0 a clean pass (or a clean shutdown), 1 a pass with errors,
-// 2 could not run (bad flags or config, PostgreSQL or Redis unreachable).
+// Exit codes: 0 a clean pass (or a clean shutdown), 1 a pass with errors
+// (the log names them), 2 could not run (bad flags or config, PostgreSQL
+// or Redis unreachable).
 // Run jobreaper --help for every flag.
 package main
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -17,10 +18,16 @@ func (a *app) migrateCmd() *cobra.Command {
 		Long: `migrate creates the schema named by --schema if it is missing and applies every
 pending migration (job_types, jobs, job_events, job_batches). Running it again
 applies nothing. Concurrent runs against one schema wait for each other.
-It contacts only PostgreSQL, and prints the versions it applied.`,
+It contacts only PostgreSQL, and prints the versions it applied.
+
+It checks only --database-url, --schema, --op-timeout and the log settings:
+the daemon's other settings (the stall rule, --redis-url, --queues,
+--metrics-addr, cascades, ...) are not checked, so a migration is never
+stopped by one of them. An unknown key in the config file still stops it,
+since it may be a misspelt --schema.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := a.loadConfig(cmd)
+			cfg, err := a.loadConfig(cmd, config.MigrateKeys...)
 			if err != nil {
 				return err
 			}

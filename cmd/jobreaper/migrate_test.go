@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -30,6 +33,26 @@ func freshSchema(t *testing.T) (string, *pgx.Conn) {
 	return schema, conn
 }
 
+// migrationVersions returns the versions of the migrations in
+// jobs/migrations, in order, as migrate prints them.
+func migrationVersions(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../../jobs/migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no migration files found (%v)", err)
+	}
+	var versions []string
+	for _, f := range files {
+		prefix, _, _ := strings.Cut(filepath.Base(f), "_")
+		v, err := strconv.ParseInt(prefix, 10, 64)
+		if err != nil {
+			t.Fatalf("migration %s has no numeric version", f)
+		}
+		versions = append(versions, strconv.FormatInt(v, 10))
+	}
+	return versions
+}
+
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 
@@ -39,19 +62,22 @@ func TestMigrate(t *testing.T) {
 
 		first := run(t, "migrate", "--database-url", jobstest.DatabaseURL(), "--schema", schema)
 		requireExit(t, first, exitOK)
-		if !strings.Contains(first.stdout, `applied 1 migration(s) to schema "`+schema+`": 1`) {
-			t.Fatalf("first run printed %q", first.stdout)
+		versions := migrationVersions(t)
+		want := fmt.Sprintf("applied %d migration(s) to schema %q: %s\n", len(versions), schema, strings.Join(versions, ", "))
+		if first.stdout != want {
+			t.Fatalf("first run printed %q, want %q", first.stdout, want)
 		}
 		var tables []string
 		rows, err := conn.Query(t.Context(), `SELECT table_name::text FROM information_schema.tables
-WHERE table_schema = $1 AND table_name IN ('job_types', 'jobs', 'job_events', 'job_batches') ORDER BY 1`, schema)
+WHERE table_schema = $1 AND table_name IN ('job_types', 'jobs', 'job_events', 'job_batches', 'jobreaper_schema_version')
+ORDER BY 1`, schema)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 			t.Fatal(err)
 		}
-		if strings.Join(tables, ",") != "job_batches,job_events,job_types,jobs" {
+		if strings.Join(tables, ",") != "job_batches,job_events,job_types,jobreaper_schema_version,jobs" {
 			t.Fatalf("tables in %s: %v", schema, tables)
 		}
 
@@ -70,6 +96,45 @@ WHERE table_schema = $1 AND table_name IN ('job_types', 'jobs', 'job_events', 'j
 		if strings.Contains(r.stdout+r.stderr, "secret") {
 			t.Fatalf("the password leaked: %q", r.stderr)
 		}
+	})
+
+	t.Run("IgnoresDaemonOnlySettings", func(t *testing.T) {
+		t.Parallel()
+		schema, conn := freshSchema(t)
+		file := filepath.Join(t.TempDir(), "jobreaper.yaml")
+		yaml := "interval: 5 minutes\nqueues: [\"\"]\ncascades:\n  report.export:\n    on_failed: [\"UPDATE x SET y = @nope\"]\n"
+		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, "migrate", "--database-url", jobstest.DatabaseURL(), "--schema", schema, "--config", file,
+			"--redis-url", "127.0.0.1:6379", "--stall-timeout", "1m", "--metrics-addr", "nowhere", "--page-size", "1")
+		requireExit(t, r, exitOK)
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM information_schema.tables
+WHERE table_schema = $1 AND table_name = 'jobs'`, schema).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("jobs table in %s: %d (%v)", schema, n, err)
+		}
+	})
+
+	t.Run("StillChecksWhatItUses", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "migrate", "--database-url", jobstest.DatabaseURL(), "--schema", "my-schema", "--redis-url", "127.0.0.1:6379")
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, `schema "my-schema" is not a plain PostgreSQL identifier`, "(from flag --schema)")
+		if strings.Contains(r.stderr, "redis_url") {
+			t.Fatalf("migrate reported the daemon's redis_url: %q", r.stderr)
+		}
+	})
+
+	t.Run("RefusesAnUnknownKeyOfTheFile", func(t *testing.T) {
+		t.Parallel()
+		file := filepath.Join(t.TempDir(), "jobreaper.yaml")
+		if err := os.WriteFile(file, []byte("shema: jr\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, "migrate", "--database-url", jobstest.DatabaseURL(), "--config", file)
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, "config file "+file+` line 1: unknown key "shema" (did you mean "schema"?)`)
 	})
 
 	t.Run("RequiresADatabaseURL", func(t *testing.T) {

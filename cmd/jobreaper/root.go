@@ -20,7 +20,10 @@ const (
 	// stopped by a signal.
 	exitOK = 0
 	// exitPassErrors: the pass ran but counted errors (a queue that could
-	// not be listed, a reap or marker write that failed); see the log.
+	// not be listed, a row load, task lookup, reap or marker write that
+	// failed); see the log. The next pass retries the listing, the load,
+	// the lookup and the reap, and a later pass re-sets a marker whose
+	// write failed; the job's FAILED row refuses its task meanwhile.
 	exitPassErrors = 1
 	// exitCannotRun: nothing ran: bad flags or config, PostgreSQL or Redis
 	// unreachable, schema not migrated.
@@ -99,10 +102,12 @@ Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
+		Version:       version(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cannotRun("a command is required: migrate, run or demo; see jobreaper --help")
+			return cannotRun("a command is required: migrate, run, demo or version; see jobreaper --help")
 		},
 	}
+	root.SetVersionTemplate("jobreaper {{.Version}}\n")
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
@@ -110,7 +115,7 @@ Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
 	})
 	config.RegisterFlags(root.PersistentFlags())
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.demoCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.demoCmd(), a.versionCmd())
 	return root
 }
 

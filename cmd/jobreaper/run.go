@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,29 +39,63 @@ func (a *app) runCmd() *cobra.Command {
 then one every --interval, until SIGTERM or SIGINT. It serves /metrics and
 /healthz on --metrics-addr. A failed pass is logged and the next one runs.
 
-run --once runs one pass, prints what it did on stdout (--output json: exactly
-one JSON document {"scanned":N,"reaped":N,"skipped":{...},"errors":N}) and
-exits 0 if the pass was clean, 1 if it counted errors, 2 if it could not run.
+run --once runs one pass, prints what it did on stdout and exits 0 if the
+pass was clean, 1 if it counted errors, 2 if it could not run. With
+--output json, stdout is exactly one JSON document: the summary
+{"scanned":N,"reaped":N,"skipped":{...},"errors":N}, or, when the command
+could not run once its flags were read (exit 2), {"error":"<message>"} with
+the message also on stderr. --output applies to --once only.
 Logs always go to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("output") && !once {
+				return cannotRun("--output applies to --once only (the daemon prints no summary); add --once or drop --output")
+			}
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
 			}
-			cfg, err := a.loadConfig(cmd)
-			if err != nil {
-				return err
+			if !once {
+				cfg, err := a.loadConfig(cmd)
+				if err != nil {
+					return err
+				}
+				return a.runDaemon(cmd.Context(), cfg, newLogger(cfg, a.stderr))
 			}
-			log := newLogger(cfg, a.stderr)
-			if once {
-				return a.runOnce(cmd.Context(), cfg, log, output)
+			err := a.runOnceCmd(cmd, output)
+			if output == outputJSON {
+				a.printJSONError(err)
 			}
-			return a.runDaemon(cmd.Context(), cfg, log)
+			return err
 		},
 	}
 	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors, 2 could not run)")
-	cmd.Flags().StringVar(&output, "output", outputText, "format of the --once summary on stdout: text or json")
+	cmd.Flags().StringVar(&output, "output", outputText,
+		`format of the --once summary on stdout: text or json (json: one document, {"error":"..."} when it could not run)`)
 	return cmd
+}
+
+// runOnceCmd loads the configuration and runs one pass.
+func (a *app) runOnceCmd(cmd *cobra.Command, output string) error {
+	cfg, err := a.loadConfig(cmd)
+	if err != nil {
+		return err
+	}
+	return a.runOnce(cmd.Context(), cfg, newLogger(cfg, a.stderr), output)
+}
+
+// printJSONError keeps run --once --output json's promise of one JSON
+// document on stdout when the command could not run (exit 2): it prints
+// {"error":"<the one-line message>"}; execute prints the same message on
+// stderr. Other outcomes have printed their summary already.
+func (a *app) printJSONError(err error) {
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitCannotRun || ee.err == nil {
+		return
+	}
+	// Nothing else can be reported if stdout itself fails.
+	_ = json.NewEncoder(a.stdout).Encode(struct {
+		Error string `json:"error"`
+	}{oneLine(ee.err.Error())})
 }
 
 // deps are what a pass runs on; close releases them.
@@ -164,7 +199,8 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 	}
 	line += fmt.Sprintf(", errors %d", res.Errors)
 	if res.Errors > 0 {
-		line += " (see the log on stderr; failed work is retried next pass)"
+		line += " (see the log on stderr; the next pass retries a failed queue listing, load, task lookup or reap " +
+			"and re-sets a marker whose write failed; a reaped job's FAILED row refuses its task meanwhile)"
 	}
 	_, err := fmt.Fprintln(w, line)
 	return err
@@ -206,8 +242,9 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	// 1. The reaper: no pass starts after this, and Stop waits for a
 	//    running pass. Its context is cancelled, so a reap in flight rolls
 	//    back (each reap is one transaction) and is redone by the next
-	//    daemon; a marker missed between commit and cancel is covered by
-	//    the FAILED row and re-set by marker repair.
+	//    daemon; a committed reap's marker is still written, and if that
+	//    write fails, a later pass re-sets it (the FAILED row refuses the
+	//    task through the start guard meanwhile).
 	d.reaper.Stop()
 	// 2. The metrics server, after the last pass recorded its metrics, so
 	//    that a scrape during shutdown still answers.

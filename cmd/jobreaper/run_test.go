@@ -146,6 +146,15 @@ func TestRunOnce(t *testing.T) {
 		if doc := requireOneJSONResult(t, r.stdout); string(doc["errors"]) != "1" {
 			t.Fatalf("errors = %s, want 1", doc["errors"])
 		}
+
+		text := run(t, onceArgs(db, q)...)
+		requireExit(t, text, exitPassErrors)
+		want := "scanned 0 active task(s): reaped 0, skipped 0, errors 1 (see the log on stderr; the next pass retries " +
+			"a failed queue listing, load, task lookup or reap and re-sets a marker whose write failed; " +
+			"a reaped job's FAILED row refuses its task meanwhile)\n"
+		if text.stdout != want {
+			t.Fatalf("stdout = %q\nwant     %q", text.stdout, want)
+		}
 	})
 
 	t.Run("BadFlagExits2", func(t *testing.T) {

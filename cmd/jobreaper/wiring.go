@@ -18,21 +18,32 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
-// loadConfig loads and validates the configuration of cmd. Every problem
-// is reported on one line, exit code 2.
-func (a *app) loadConfig(cmd *cobra.Command) (config.Config, error) {
+// loadConfig loads and validates the configuration of cmd. With keys, only
+// the problems of those settings count (see config.Only): a command that
+// does not use a setting does not stop for it. Every problem is reported on
+// one line, exit code 2, each naming the setting, its value, the rule and
+// where the value came from (flag, environment variable, or file, line and
+// key) when a source set it.
+func (a *app) loadConfig(cmd *cobra.Command, keys ...string) (config.Config, error) {
 	fs := cmd.Flags() // the command's own and its parents' persistent flags
-	cfg, err := config.Load(config.Sources{
+	cfg, origins, err := config.LoadWithOrigins(config.Sources{
 		File:    config.ConfigFile(fs, a.environ),
 		Environ: a.environ,
 		Flags:   fs,
 	})
-	if err == nil {
-		err = cfg.Validate()
+	only := func(err error) error {
+		if keys == nil {
+			return err
+		}
+		return config.Only(err, keys...)
+	}
+	// Validate once what was loaded is sound, so that a malformed value is
+	// not also reported as its default breaking a rule.
+	if err = only(err); err == nil {
+		err = only(origins.Annotate(cfg.Validate()))
 	}
 	if err != nil {
-		return config.Config{}, cannotRun("invalid configuration: %s; fix it in the flag (--key-name), the environment (JOBREAPER_KEY_NAME) or the config file (key_name)",
-			joinProblems(err))
+		return config.Config{}, cannotRun("invalid configuration: %s", joinProblems(err))
 	}
 	return cfg, nil
 }
@@ -51,15 +62,16 @@ func joinProblems(err error) string {
 }
 
 // newLogger returns the logger every component gets: slog to w (stderr:
-// stdout belongs to the command's output), at cfg's level and format.
-// Components add their own "component" attribute. It is passed down, never
-// installed with slog.SetDefault: execute may run several times in one
-// process (the tests), each with its own stderr.
+// stdout belongs to the command's output), at cfg's level and format, with
+// durations written as Go durations ("3m0s") in both formats. Components
+// add their own "component" attribute. It is passed down, never installed
+// with slog.SetDefault: execute may run several times in one process (the
+// tests), each with its own stderr.
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	// Validate accepted the level, so UnmarshalText cannot fail here.
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationAsString}
 	var log *slog.Logger
 	if cfg.LogFormat == "json" {
 		log = slog.New(slog.NewJSONHandler(w, opts))
@@ -67,6 +79,16 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 		log = slog.New(slog.NewTextHandler(w, opts))
 	}
 	return log
+}
+
+// durationAsString is the loggers' slog.HandlerOptions.ReplaceAttr: a
+// time.Duration becomes its String ("3m0s", "1.5s"), which the text handler
+// already writes but the JSON handler would write as integer nanoseconds.
+func durationAsString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // connectPostgres opens the pool to cfg's database and schema. Errors name
@@ -80,18 +102,24 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 		if pc, perr := pgconn.ParseConfig(cfg.DatabaseURL); perr == nil && pc.Password != "" {
 			reason = strings.ReplaceAll(reason, pc.Password, "xxxxx")
 		}
-		return nil, cannotRun("cannot connect to the PostgreSQL database: %s; check --database-url (JOBREAPER_DATABASE_URL) and that the server is up", oneLine(reason))
+		if !strings.HasPrefix(reason, "cannot connect to PostgreSQL") {
+			reason = "cannot connect to the PostgreSQL database: " + reason
+		}
+		return nil, cannotRun("%s; check --database-url (JOBREAPER_DATABASE_URL) and that the server is up", oneLine(reason))
 	}
 	return pool, nil
 }
 
 // requireMigrated checks that the schema has jobreaper's tables, so that a
-// forgotten migration is reported before any pass.
+// forgotten migration is reported before any pass. The names are qualified
+// with the schema: the search_path also holds the URL's own schemas (or
+// public), where another jobs table must not count.
 func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
 	defer cancel()
 	var ok bool
-	err := pool.QueryRow(ctx, `SELECT to_regclass('jobs') IS NOT NULL AND to_regclass('job_types') IS NOT NULL`).Scan(&ok)
+	err := pool.QueryRow(ctx, `SELECT to_regclass(format('%I.jobs', $1::text)) IS NOT NULL
+   AND to_regclass(format('%I.job_types', $1::text)) IS NOT NULL`, cfg.Schema).Scan(&ok)
 	if err != nil {
 		return cannotRun("cannot read schema %q of PostgreSQL database %s: %v; check the database and --schema",
 			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
