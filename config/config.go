@@ -90,12 +90,6 @@ type Config struct {
 	// PageSize is the number of active tasks fetched per Redis page; at
 	// least PageSizeMin.
 	PageSize int `yaml:"page_size" koanf:"page_size"`
-	// HardTimeoutDefault is ignored and is not a setting (no key, flag or
-	// environment variable): a job type whose hard_timeout is NULL always
-	// gets jobs.HardTimeoutDefault (24 h), the asynq Timeout queue.Enqueue
-	// gives its tasks, and StallRule uses that value. Leave it unset; the
-	// field will be removed.
-	HardTimeoutDefault time.Duration `yaml:"-" koanf:"-"`
 	// MetricsAddr is the host:port of the /metrics and /healthz server, or
 	// MetricsAddrOff.
 	MetricsAddr string `yaml:"metrics_addr" koanf:"metrics_addr"`

@@ -114,9 +114,6 @@ func TestStallRule(t *testing.T) {
 	t.Parallel()
 	c := valid()
 	c.StallTimeout, c.HeartbeatInterval, c.Interval = 20*time.Minute, 4*time.Minute, 2*time.Minute
-	// Ignored: a NULL hard_timeout is always the 24 h queue.Enqueue gives
-	// the type's tasks.
-	c.HardTimeoutDefault = time.Hour
 	got := c.StallRule()
 	want := jobs.StallRule{
 		DefaultStallTimeout: 20 * time.Minute,

@@ -172,9 +172,23 @@ func (g *Guard) Middleware() asynq.MiddlewareFunc {
 				return err
 			}
 			ctx = jobs.WithLease(ctx, lease)
-			return g.settle(ctx, lease, next.ProcessTask(ctx, task))
+			return g.run(ctx, lease, next, task)
 		})
 	}
+}
+
+// run calls the handler and settles its result. A handler that panics is
+// settled as a failure with CodePanic (released while retries remain,
+// failed on the last attempt), and the panic goes on to asynq, which
+// recovers it as the task's error.
+func (g *Guard) run(ctx context.Context, lease jobs.Lease, next asynq.Handler, task *asynq.Task) error {
+	defer func() {
+		if p := recover(); p != nil {
+			_ = g.settle(ctx, lease, Failure(CodePanic, fmt.Errorf("handler panic: %v", p)))
+			panic(p)
+		}
+	}()
+	return g.settle(ctx, lease, next.ProcessTask(ctx, task))
 }
 
 // admit runs steps 1-4 of Middleware. run is true only with a fresh lease.

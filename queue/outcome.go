@@ -20,7 +20,8 @@ const (
 	CodeHandlerError = "handler_error"
 	// CodeRetriesExhausted: the handler failed on the task's last attempt.
 	CodeRetriesExhausted = "retries_exhausted"
-	// CodePanic: the handler panicked on the task's last attempt.
+	// CodePanic: the handler panicked on the task's last attempt (earlier
+	// attempts are released for asynq's retry, like any retryable error).
 	CodePanic = "handler_panic"
 )
 

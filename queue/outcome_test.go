@@ -238,3 +238,34 @@ func TestOutcomeMappingAfterTheHandlerSettledItself(t *testing.T) {
 		}
 	})
 }
+
+func TestOutcomeMappingOfAPanickingHandler(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name           string
+		retried        int
+		status, reason string
+		wantGeneration int64
+	}{
+		{"EarlierAttemptIsReleasedForTheRetry", 0, jobs.StatusQueued, "", 1},
+		{"LastAttemptFailsAsHandlerPanic", 3, jobs.StatusFailed, CodePanic, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupGuard(t)
+			b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Status: jobs.StatusQueued})
+			h := handlerFunc(func(context.Context) error { panic("nil map write") })
+			var recovered any
+			func() {
+				defer func() { recovered = recover() }()
+				_ = deliver(t.Context(), attempt(b.guard(t, "W1", nil, nil), tc.retried, 3), "J1", h)
+			}()
+			if recovered != "nil map write" {
+				t.Fatalf("recovered %v, want the handler's panic to reach asynq", recovered)
+			}
+			if r := requireRow(t, b.db, "J1", tc.status, tc.wantGeneration); r.FailureReason != tc.reason {
+				t.Fatalf("failure_reason = %q, want %q", r.FailureReason, tc.reason)
+			}
+		})
+	}
+}

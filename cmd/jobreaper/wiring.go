@@ -110,23 +110,20 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 	return pool, nil
 }
 
-// requireMigrated checks that the schema has jobreaper's tables, so that a
-// forgotten migration is reported before any pass. The names are qualified
-// with the schema: the search_path also holds the URL's own schemas (or
-// public), where another jobs table must not count.
+// requireMigrated checks that the schema has every migration this binary
+// ships, so that a forgotten `jobreaper migrate` is reported before any
+// pass instead of failing each one.
 func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
 	defer cancel()
-	var ok bool
-	err := pool.QueryRow(ctx, `SELECT to_regclass(format('%I.jobs', $1::text)) IS NOT NULL
-   AND to_regclass(format('%I.job_types', $1::text)) IS NOT NULL`, cfg.Schema).Scan(&ok)
-	if err != nil {
+	err := jobs.CheckMigrated(ctx, pool, cfg.Schema)
+	switch {
+	case errors.Is(err, jobs.ErrNotMigrated):
+		return cannotRun("%s of PostgreSQL database %s; run `jobreaper migrate` with the same --database-url and --schema first",
+			strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), jobs.RedactURL(cfg.DatabaseURL))
+	case err != nil:
 		return cannotRun("cannot read schema %q of PostgreSQL database %s: %v; check the database and --schema",
 			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
-	}
-	if !ok {
-		return cannotRun("schema %q of PostgreSQL database %s has no jobreaper tables; run `jobreaper migrate` with the same --database-url and --schema first",
-			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL))
 	}
 	return nil
 }

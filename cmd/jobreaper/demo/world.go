@@ -94,15 +94,14 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 		},
 	}
 	w.cfg = config.Config{
-		DatabaseURL:        e.databaseURL,
-		RedisURL:           e.redisURL,
-		Schema:             w.schema,
-		Queues:             []string{w.queue},
-		Interval:           demoInterval,
-		StallTimeout:       demoStallTimeout,
-		HeartbeatInterval:  demoHeartbeatInterval,
-		HardTimeoutDefault: demoHardTimeout,
-		MetricsAddr:        config.MetricsAddrOff,
+		DatabaseURL:       e.databaseURL,
+		RedisURL:          e.redisURL,
+		Schema:            w.schema,
+		Queues:            []string{w.queue},
+		Interval:          demoInterval,
+		StallTimeout:      demoStallTimeout,
+		HeartbeatInterval: demoHeartbeatInterval,
+		MetricsAddr:       config.MetricsAddrOff,
 	}.WithDefaults()
 	if err := w.cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: the demo configuration does not pass validation: %w", errCannotRun, err)
