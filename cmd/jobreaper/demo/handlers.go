@@ -70,8 +70,9 @@ type handlers struct {
 	releaseOnce sync.Once
 	// late receives the hung handler's late completion.
 	late chan lateResult
-	// running counts handlers in flight, so cleanup can wait for the hung
-	// handler's late write before it drops the schema.
+	// running counts tasks in flight through the whole middleware chain
+	// (the guard's outcome mapping writes after the handler returns), so
+	// cleanup can wait for every write before it drops the schema.
 	running sync.WaitGroup
 
 	mu       sync.Mutex
@@ -103,8 +104,6 @@ func (h *handlers) register(mux *asynq.ServeMux, worker string) {
 // lease the start guard put into ctx.
 func (h *handlers) wrap(worker string, fn func(context.Context, jobs.Lease) error) asynq.HandlerFunc {
 	return func(ctx context.Context, _ *asynq.Task) error {
-		h.running.Add(1)
-		defer h.running.Done()
 		id, _ := asynq.GetTaskID(ctx)
 		h.mu.Lock()
 		h.runs[worker+"/"+id]++
@@ -115,6 +114,16 @@ func (h *handlers) wrap(worker string, fn func(context.Context, jobs.Lease) erro
 		}
 		return fn(ctx, lease)
 	}
+}
+
+// track is the outermost middleware: it counts the task in running until
+// the guard's outcome mapping has written too.
+func (h *handlers) track(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		h.running.Add(1)
+		defer h.running.Done()
+		return next.ProcessTask(ctx, t)
+	})
 }
 
 // runsOn returns how often worker ran the handler of job id.

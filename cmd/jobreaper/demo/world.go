@@ -301,7 +301,7 @@ func (w *world) startWorker(name string) (*worker, error) {
 	mux := asynq.NewServeMux()
 	// The recorder wraps the guard, so it sees what the guard returned
 	// when it refused a task without running the handler.
-	mux.Use(wk.outcomes.middleware, guard.Middleware())
+	mux.Use(w.h.track, wk.outcomes.middleware, guard.Middleware())
 	w.h.register(mux, name)
 	if err := srv.Start(mux); err != nil {
 		return nil, fmt.Errorf("starting worker %s: %w", name, err)
