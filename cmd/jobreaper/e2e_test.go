@@ -22,6 +22,18 @@ import (
 // e2eRedisURL is the real Redis the end-to-end test runs asynq on.
 const e2eRedisURL = "redis://127.0.0.1:6379/0"
 
+// e2eRedis returns a client of the real Redis, closed at cleanup; it fails
+// the test (never skips it) when Redis does not answer.
+func e2eRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (bash .ci/test starts it)", err)
+	}
+	return rdb
+}
+
 // worker is a real asynq Server with the start guard in front of handler.
 type worker struct {
 	srv *asynq.Server
@@ -60,11 +72,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := jobstest.New(t)
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	t.Cleanup(func() { _ = rdb.Close() })
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (bash .ci/test starts it)", err)
-	}
+	rdb := e2eRedis(t)
 	q := "e2e_" + db.Schema
 	hung, progressing, fresh := q+"-hung", q+"-progressing", q+"-fresh"
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
@@ -210,11 +218,7 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := jobstest.New(t)
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	t.Cleanup(func() { _ = rdb.Close() })
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis for tests is not reachable at 127.0.0.1:6379 (%v); start it (bash .ci/test starts it)", err)
-	}
+	rdb := e2eRedis(t)
 	q := "e2e_" + db.Schema
 	lost, waiting := q+"-lost", q+"-waiting"
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
