@@ -268,7 +268,8 @@ type freezingProxy struct {
 
 func newFreezingProxy(t *testing.T, upstream string) *freezingProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +292,8 @@ func newFreezingProxy(t *testing.T, upstream string) *freezingProxy {
 			if err != nil {
 				return
 			}
-			up, err := net.Dial("tcp", upstream)
+			var d net.Dialer
+			up, err := d.DialContext(context.Background(), "tcp", upstream)
 			if err != nil {
 				_ = down.Close()
 				continue
