@@ -27,14 +27,19 @@ var failureCodePattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
 // short snake_case identifier (at most MaxFailureCodeLength bytes) such as
 // "upstream_timeout". Error text is refused: it varies per occurrence,
 // breaks grouping and metrics, and may carry URLs or secrets; it belongs in
-// the log. The error wraps ErrInvalidArgument and, for the same reason, does
-// not quote the refused value.
+// the log. The reaper's codes, stalled and lost_task, are refused too: the
+// start guard and marker repair read them as a reap. The error wraps
+// ErrInvalidArgument and, for the same reason, does not quote a refused
+// error text.
 func CheckFailureCode(code string) error {
 	if len(code) > MaxFailureCodeLength || !failureCodePattern.MatchString(code) {
 		// The refused value is not quoted: it is often error text, which may
 		// carry a URL with a token.
 		return fmt.Errorf("failure code (%d bytes) must be a snake_case identifier of at most %d bytes, such as upstream_timeout, never error text: %w",
 			len(code), MaxFailureCodeLength, ErrInvalidArgument)
+	}
+	if code == ReasonStalled || code == ReasonLostTask {
+		return fmt.Errorf("failure code %s is reserved for the reaper (the guard and marker repair read it as a reap): %w", code, ErrInvalidArgument)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Failure reasons: fixed codes stored in jobs.failure_reason, never error
@@ -62,26 +63,51 @@ const StallPredicate = `
   AND now() - j.started_at > t.max_runtime
   AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)`
 
+// QueuedLostPredicate is the rule for a QUEUED job, as SQL over jobs j
+// joined with job_types t on the database clock: its type's stall timeout
+// is sane and nothing happened to the row for that long. Such a row is lost
+// only when, in addition, asynq holds no task for it that it will run (a
+// task archived while the start guard could not read the row on its last
+// delivery, a task the handler revoked, a task never enqueued); the caller
+// checks that. reaper.DecideLost states the same rule in Go.
+const QueuedLostPredicate = `
+      j.status = 'QUEUED'
+  AND coalesce(t.stall_timeout, @default_stall) >= @min_stall
+  AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)`
+
+// reapSQL is the reap's compare-and-set; %s is the predicate of the status
+// the row was read in. marker_set_at is cleared: this reap's marker is not
+// written yet.
 const reapSQL = `
 UPDATE jobs j
-   SET status = 'FAILED', failure_reason = @reason, finished_at = now()
+   SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = NULL
   FROM job_types t
  WHERE j.id = @job_id
    AND t.name = j.type
    AND j.generation = @generation
    AND j.updated_at = @updated_at
-   AND ` + StallPredicate + `
+   AND `
+
+const reapReturning = `
 RETURNING j.generation, coalesce(j.worker, ''), j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''),
           j.started_at, j.updated_at,
-          (extract(epoch FROM now() - j.started_at) * 1000000)::bigint,
+          coalesce((extract(epoch FROM now() - j.started_at) * 1000000)::bigint, 0),
           (extract(epoch FROM now() - j.updated_at) * 1000000)::bigint,
           (extract(epoch FROM t.max_runtime) * 1000000)::bigint,
           (extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) * 1000000)::bigint,
           now()`
 
+var (
+	reapProcessingSQL = reapSQL + StallPredicate + reapReturning
+	reapQueuedSQL     = reapSQL + QueuedLostPredicate + reapReturning
+)
+
 // ReapParams names the job to reap and the state it was read in.
 type ReapParams struct {
 	JobID string
+	// Status is the status read: PROCESSING (the stall rule) or, for a lost
+	// task only, QUEUED (the queued rule, QueuedLostPredicate).
+	Status string
 	// Generation and UpdatedAt are the values read; the reap changes nothing
 	// if either moved since.
 	Generation int64
@@ -137,9 +163,14 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		var (
 			cascade                      cascadeArgs
 			runUS, idleUS, maxUS, stalUS int64
+			started                      pgtype.Timestamptz
 		)
-		err := tx.QueryRow(ctx, reapSQL, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
-			&cascade.ParentID, &cascade.TenantID, &ev.StartedAt, &ev.UpdatedAt,
+		sql := reapProcessingSQL
+		if p.Status == StatusQueued {
+			sql = reapQueuedSQL
+		}
+		err := tx.QueryRow(ctx, sql, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
+			&cascade.ParentID, &cascade.TenantID, &started, &ev.UpdatedAt,
 			&runUS, &idleUS, &maxUS, &stalUS, &ev.DBNow)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -149,6 +180,7 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		}
 		reaped = true
 		ev.Reason = p.Reason
+		ev.StartedAt = started.Time // zero for a QUEUED job never claimed
 		ev.Runtime, ev.Idle = time.Duration(runUS)*time.Microsecond, time.Duration(idleUS)*time.Microsecond
 		ev.MaxRuntime, ev.StallTimeout = time.Duration(maxUS)*time.Microsecond, time.Duration(stalUS)*time.Microsecond
 		detail, err := ev.detail()

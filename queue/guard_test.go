@@ -240,7 +240,11 @@ func TestGuard(t *testing.T) {
 		}
 	})
 
-	t.Run("HandlerFencedOutIsNotRetried", func(t *testing.T) {
+	// A fencing error whose job is not this task's (the handler passed on
+	// the error of a child job's lease) says nothing about this job, which
+	// is still PROCESSING at its generation: it is an ordinary error. The
+	// outcome mapping tests cover a handler whose own job moved on.
+	t.Run("FencingErrorOfAnotherJobIsAnOrdinaryError", func(t *testing.T) {
 		t.Parallel()
 		b := setupGuard(t)
 		for _, tc := range []struct {
@@ -248,8 +252,8 @@ func TestGuard(t *testing.T) {
 			result    error
 			skipRetry bool
 		}{
-			{"J-stale", fmt.Errorf("advance: %w", jobs.ErrStaleWorker), true},
-			{"J-terminal", fmt.Errorf("complete: %w", jobs.ErrJobTerminal), true},
+			{"J-stale", fmt.Errorf("advance child: %w", jobs.ErrStaleWorker), false},
+			{"J-terminal", fmt.Errorf("complete child: %w", jobs.ErrJobTerminal), false},
 			{"J-other", errors.New("upstream 503"), false},
 		} {
 			b.db.Insert(t, jobstest.Job{ID: tc.id, Type: "report.export", Status: jobs.StatusQueued})

@@ -20,6 +20,9 @@ const (
 	CodeHandlerError = "handler_error"
 	// CodeRetriesExhausted: the handler failed on the task's last attempt.
 	CodeRetriesExhausted = "retries_exhausted"
+	// CodeRevoked: the handler returned asynq.RevokeTask, so asynq
+	// deletes the task and nothing will run the job again.
+	CodeRevoked = "task_revoked"
 	// CodePanic: the handler panicked on the task's last attempt (earlier
 	// attempts are released for asynq's retry, like any retryable error).
 	CodePanic = "handler_panic"
@@ -50,7 +53,7 @@ func Failure(code string, err error) error {
 
 func failureCode(err error, fallback string) string {
 	var c *codedError
-	if errors.As(err, &c) && codePattern.MatchString(c.code) {
+	if errors.As(err, &c) && codePattern.MatchString(c.code) && jobs.CheckFailureCode(c.code) == nil {
 		return c.code
 	}
 	return fallback
@@ -62,19 +65,25 @@ func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
 	return retried, maxRetry, ok1 && ok2
 }
 
-// settle is the outcome mapping: after
-// the handler of a claimed attempt returned err, it brings the job row in
-// line with what asynq will do with the task, fenced by the lease:
+// settle is the outcome mapping: after the handler of a claimed attempt
+// returned err, it brings the job row in line with what asynq will do with
+// the task, fenced by the lease. It first reads the row: a job the handler
+// already settled (Complete, Fail, Release) or lost (reaped, claimed by a
+// newer attempt) gets no write of the mapping, so the mapping never leaves a
+// late_result_rejected event of its own. Otherwise:
 //
-//   - err wraps jobs.ErrJobTerminal or jobs.ErrStaleWorker: the job was
-//     finished, reaped or claimed by a newer attempt; nothing is written
-//     and the error is wrapped with asynq.SkipRetry (a retry could only be
-//     refused again).
-//   - err is nil: the handler's Complete confirmed the job (AutoComplete
-//     then reports a replay), or the type is auto_complete and the job is
-//     completed now; otherwise the job fails with jobs.ReasonNoCompletion
-//     and the task is archived: writing results and then completing
-//     afterwards is the order this product exists to prevent.
+//   - err is nil: the type is auto_complete and the job is completed now;
+//     otherwise the job fails with jobs.ReasonNoCompletion and the task is
+//     archived: writing results and then completing afterwards is the order
+//     this product exists to prevent.
+//   - err is not nil and the handler's context was cancelled (not timed
+//     out): asynq is shutting down, which puts the task back in its queue
+//     without counting an attempt, or the task was cancelled. asynq's next
+//     step is not known here, so nothing is written: the row stays
+//     PROCESSING, the next claim takes the job over, and if asynq never
+//     runs the task again the reaper fails the job as lost_task.
+//   - err wraps asynq.RevokeTask: asynq deletes the task, so the job fails
+//     with the code from Failure, else CodeRevoked.
 //   - err is retryable (no asynq.SkipRetry, and retries remain): the row
 //     goes back to QUEUED with its cursor kept (jobs.Store.Release) and
 //     err is returned for asynq to retry.
@@ -83,30 +92,35 @@ func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
 //     CodeRetriesExhausted, and err is returned wrapped with
 //     asynq.SkipRetry.
 //
-// Before writing, it reads the row: a job the handler already settled
-// (Complete, Fail) or lost (reaped, claimed by a newer attempt) gets no
-// write of the mapping, so the mapping never leaves a late_result_rejected
-// event of its own for a job the handler finished correctly.
-//
 // The writes use a context that asynq's cancellation (task timeout, lost
 // lease, shutdown) does not cancel: they are fenced, so a superseded
 // attempt changes nothing, and each has its own timeout in jobs.Store. A
-// write that fails for another reason is logged and err is returned as it
-// was: the next claim fences this attempt, and the reaper covers a row left
-// PROCESSING.
+// write refused by the fence (the job moved on meanwhile) returns
+// asynq.SkipRetry; a write that fails for another reason is logged and err
+// is returned as it was: the next claim fences this attempt, and the
+// reaper covers a row left PROCESSING.
 func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 	log := g.logger.With("job_id", lease.JobID, "generation", lease.Generation)
 	wctx := context.WithoutCancel(ctx)
-	if errors.Is(err, jobs.ErrJobTerminal) || errors.Is(err, jobs.ErrStaleWorker) {
-		g.count("lost_job")
-		log.WarnContext(ctx, "attempt lost its job, task will not be retried", "reason", jobs.ErrorCode(err))
-		return fmt.Errorf("queue.Guard: job %s generation %d: %w: %w", lease.JobID, lease.Generation, err, asynq.SkipRetry)
-	}
 	if done, serr := g.settled(wctx, log, lease, err); done {
 		return serr
 	}
 	if err == nil {
 		return g.settleSuccess(wctx, log, lease)
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		g.count("abandoned")
+		log.WarnContext(wctx, "attempt cancelled (worker shutdown or task cancel); the job is left to its next claim", "err", err)
+		return err
+	}
+	if errors.Is(err, asynq.RevokeTask) {
+		code := failureCode(err, CodeRevoked)
+		if ferr := g.store.Fail(wctx, lease, code); ferr != nil {
+			return g.settleWriteFailed(ctx, log, lease, "fail", err, ferr)
+		}
+		g.count("failed")
+		log.WarnContext(ctx, "handler revoked its task, job FAILED", "failure_reason", code, "err", err)
+		return err
 	}
 	retried, maxRetry, ok := g.retries(ctx)
 	lastAttempt := ok && retried >= maxRetry
@@ -178,20 +192,33 @@ func (g *Guard) settleWriteFailed(ctx context.Context, _ any, lease jobs.Lease, 
 
 // settled reports whether the job no longer needs the mapping's write, and
 // then what to return to asynq: the row is not PROCESSING at the lease's
-// generation because the handler completed or failed it, the reaper reaped
-// it, or a newer attempt claimed it. A row that cannot be read is left to
-// the fenced writes, which decide the same way.
+// generation because the handler completed, failed or released it, the
+// reaper reaped it, or a newer attempt claimed it. A row that cannot be read
+// is left to the fenced writes, which decide the same way. Errors returned
+// wrap the handler's err, when there is one, and asynq.SkipRetry.
 func (g *Guard) settled(ctx context.Context, log *slog.Logger, lease jobs.Lease, err error) (bool, error) {
 	row, rerr := g.store.Get(ctx, lease.JobID)
 	if rerr != nil || (row.Status == jobs.StatusProcessing && row.Generation == lease.Generation) {
 		return false, nil
 	}
+	final := func(format string, args ...any) error {
+		refusal := fmt.Errorf(format, args...)
+		if err != nil {
+			return fmt.Errorf("%w: %w: %w", err, refusal, asynq.SkipRetry)
+		}
+		return fmt.Errorf("%w: %w", refusal, asynq.SkipRetry)
+	}
 	switch {
-	case row.Generation != lease.Generation || row.Status == jobs.StatusQueued:
+	case row.Generation == lease.Generation && row.Status == jobs.StatusQueued:
+		// The handler released the job itself: asynq's retry claims it
+		// again, and if asynq archives the task instead, the reaper fails
+		// the idle QUEUED job as lost_task.
+		g.count("released")
+		return true, err
+	case row.Generation != lease.Generation:
 		g.count("lost_job")
 		log.WarnContext(ctx, "a newer attempt owns the job, task will not be retried", "current_generation", row.Generation)
-		return true, fmt.Errorf("queue.Guard: job %s generation %d (now %d): %w: %w",
-			lease.JobID, lease.Generation, row.Generation, jobs.ErrStaleWorker, asynq.SkipRetry)
+		return true, final("queue.Guard: job %s generation %d (now %d): %w", lease.JobID, lease.Generation, row.Generation, jobs.ErrStaleWorker)
 	case row.Status == jobs.StatusCompleted:
 		g.count("completed")
 		if err != nil {
@@ -201,13 +228,12 @@ func (g *Guard) settled(ctx context.Context, log *slog.Logger, lease jobs.Lease,
 	case row.FailureReason == jobs.ReasonStalled || row.FailureReason == jobs.ReasonLostTask:
 		g.count("lost_job")
 		log.WarnContext(ctx, "job was reaped while the handler ran, task will not be retried", "failure_reason", row.FailureReason)
-		return true, fmt.Errorf("queue.Guard: job %s generation %d was reaped (%s): %w: %w",
-			lease.JobID, lease.Generation, row.FailureReason, ErrJobReaped, asynq.SkipRetry)
+		return true, final("queue.Guard: job %s generation %d was reaped (%s): %w", lease.JobID, lease.Generation, row.FailureReason, ErrJobReaped)
 	default: // FAILED by the handler's own Fail
 		g.count("failed")
 		if err == nil {
 			return true, nil
 		}
-		return true, fmt.Errorf("queue.Guard: job %s failed (%s): %w: %w", lease.JobID, row.FailureReason, err, asynq.SkipRetry)
+		return true, final("queue.Guard: job %s failed (%s)", lease.JobID, row.FailureReason)
 	}
 }

@@ -13,10 +13,13 @@ import (
 // run it again and the next claim takes the job over.
 const SkipAwaitingRetry SkipReason = "awaiting_retry"
 
-// reapLost finds lost tasks: PROCESSING jobs of the queues listed
-// completely this pass that are stalled by the same rule, whose task is not
-// among the active ones, and that asynq will never run again (archived,
-// completed or gone, as when a worker is killed on its task's last attempt).
+// reapLost finds lost tasks: jobs of the queues listed completely this pass
+// whose task is not among the active ones and that asynq will never run
+// again (archived, completed or gone), either PROCESSING and stalled by the
+// same rule (a worker killed on its task's last attempt) or QUEUED and idle
+// for the stall timeout (the guard could not read the row on the task's
+// last delivery, the handler revoked the task, the task was never
+// enqueued).
 // Each is looked up in asynq and reaped with failure_reason lost_task by the
 // same compare-and-set; jobs whose task still waits are skipped as
 // awaiting_retry, jobs whose task became active meanwhile are left to the
@@ -36,9 +39,9 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 		if ctx.Err() != nil {
 			return
 		}
-		// The SQL used the same rule; Decide states it once more on this
+		// The SQL used the same rule; DecideLost states it once more on this
 		// pass's clock reading, so a job is never reaped on one side alone.
-		if v := Decide(&snap, now, r.opts.Rule); !v.Reap {
+		if v := DecideLost(&snap, now, r.opts.Rule); !v.Reap {
 			continue
 		}
 		status, err := r.lister.TaskStatus(ctx, snap.Queue, snap.ID)

@@ -31,11 +31,15 @@ func (r *Reaper) repairMarkers(ctx context.Context, res *Result) {
 	}
 	for _, m := range missing {
 		ttl := queue.MarkerRemaining(m.ReapedAt, now)
-		if _, err := r.markers.Set(ctx, m.JobID, m.Generation, ttl); err != nil {
+		set, err := r.markers.Set(ctx, m.JobID, m.Generation, ttl)
+		if err != nil {
 			r.failed(ctx, res, stageMarker, "marker repair failed; retried next pass", "job_id", m.JobID, "err", err)
 			return // Redis is likely still down: try the rest next pass
 		}
 		r.markerWritten(ctx, m.JobID, m.Generation)
+		if !set {
+			continue // already there, or its 7 days are over
+		}
 		r.opts.Metrics.markerRepaired()
 		r.log.Info("marker re-set after an earlier failed write", "job_id", m.JobID, "generation", m.Generation,
 			"ttl", ttl, "reaped_at", m.ReapedAt)
