@@ -15,7 +15,7 @@ const lostCandidatesSQL = `SELECT ` + snapshotColumns + `
   FROM jobs j JOIN job_types t ON t.name = j.type
  WHERE j.queue = ANY(@queues)
    AND NOT (j.id = ANY(@active))
-   AND ((` + StallPredicate + `) OR (` + QueuedLostPredicate + `))
+   AND ` + StallPredicate + `
  ORDER BY j.updated_at, j.id
  LIMIT @limit`
 
@@ -32,11 +32,10 @@ type LostCandidatesParams struct {
 	Limit int
 }
 
-// ListLostCandidates returns the jobs of p.Queues whose ID is not in
-// p.Active and that are either PROCESSING and stalled by StallPredicate, or
-// QUEUED and idle by QueuedLostPredicate, on the database clock, least
-// recently updated first. Their tasks are not running: the caller must look
-// each task up and reap only those asynq will never run again.
+// ListLostCandidates returns PROCESSING jobs of p.Queues that are stalled
+// by StallPredicate on the database clock and whose ID is not in p.Active,
+// least recently updated first. Their tasks are not running: the caller
+// must look each task up and reap only those asynq will never run again.
 // It returns a wrapped driver error when PostgreSQL fails.
 func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) ([]Snapshot, error) {
 	ctx, done := s.op(ctx, "ListLostCandidates")

@@ -63,21 +63,8 @@ const StallPredicate = `
   AND now() - j.started_at > t.max_runtime
   AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)`
 
-// QueuedLostPredicate is the rule for a QUEUED job, as SQL over jobs j
-// joined with job_types t on the database clock: its type's stall timeout
-// is sane and nothing happened to the row for that long. Such a row is lost
-// only when, in addition, asynq holds no task for it that it will run (a
-// task archived while the start guard could not read the row on its last
-// delivery, a task the handler revoked, a task never enqueued); the caller
-// checks that. reaper.DecideLost states the same rule in Go.
-const QueuedLostPredicate = `
-      j.status = 'QUEUED'
-  AND coalesce(t.stall_timeout, @default_stall) >= @min_stall
-  AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)`
-
-// reapSQL is the reap's compare-and-set; %s is the predicate of the status
-// the row was read in. marker_set_at is cleared: this reap's marker is not
-// written yet.
+// reapSQL is the reap's compare-and-set. marker_set_at is cleared: this
+// reap's marker is not written yet.
 const reapSQL = `
 UPDATE jobs j
    SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = NULL
@@ -97,17 +84,11 @@ RETURNING j.generation, coalesce(j.worker, ''), j.type, coalesce(j.parent_id, ''
           (extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) * 1000000)::bigint,
           now()`
 
-var (
-	reapProcessingSQL = reapSQL + StallPredicate + reapReturning
-	reapQueuedSQL     = reapSQL + QueuedLostPredicate + reapReturning
-)
+var reapProcessingSQL = reapSQL + StallPredicate + reapReturning
 
 // ReapParams names the job to reap and the state it was read in.
 type ReapParams struct {
 	JobID string
-	// Status is the status read: PROCESSING (the stall rule) or, for a lost
-	// task only, QUEUED (the queued rule, QueuedLostPredicate).
-	Status string
 	// Generation and UpdatedAt are the values read; the reap changes nothing
 	// if either moved since.
 	Generation int64
@@ -165,11 +146,7 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 			runUS, idleUS, maxUS, stalUS int64
 			started                      pgtype.Timestamptz
 		)
-		sql := reapProcessingSQL
-		if p.Status == StatusQueued {
-			sql = reapQueuedSQL
-		}
-		err := tx.QueryRow(ctx, sql, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
+		err := tx.QueryRow(ctx, reapProcessingSQL, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
 			&cascade.ParentID, &cascade.TenantID, &started, &ev.UpdatedAt,
 			&runUS, &idleUS, &maxUS, &stalUS, &ev.DBNow)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -180,7 +157,7 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		}
 		reaped = true
 		ev.Reason = p.Reason
-		ev.StartedAt = started.Time // zero for a QUEUED job never claimed
+		ev.StartedAt = started.Time
 		ev.Runtime, ev.Idle = time.Duration(runUS)*time.Microsecond, time.Duration(idleUS)*time.Microsecond
 		ev.MaxRuntime, ev.StallTimeout = time.Duration(maxUS)*time.Microsecond, time.Duration(stalUS)*time.Microsecond
 		detail, err := ev.detail()

@@ -50,7 +50,8 @@ type EnqueueStore interface {
 // task ID is the job ID and the queue is where the reaper looks.
 //
 // Errors: an error wrapping jobs.ErrNotFound when the row is missing (the
-// row was not committed first); ErrOptionConflict; asynq.ErrTaskIDConflict
+// row was not committed first); jobs.ErrJobTerminal when the job is
+// already COMPLETED or FAILED (requeue it first); ErrOptionConflict; asynq.ErrTaskIDConflict
 // wrapped when a task with this ID already exists in the queue (asynq keeps
 // completed and archived tasks too); "queue.Enqueue timed out after 5s"
 // wrapping context.DeadlineExceeded; any other store or Redis error,
@@ -59,6 +60,11 @@ func Enqueue(ctx context.Context, client *asynq.Client, store EnqueueStore, task
 	row, err := store.Get(ctx, jobID)
 	if err != nil {
 		return nil, fmt.Errorf("queue.Enqueue: job %s: reading the job row: %w", jobID, err)
+	}
+	if row.Status == jobs.StatusCompleted || row.Status == jobs.StatusFailed {
+		// The guard would refuse the task anyway; enqueueing it would only
+		// leave an archived task behind.
+		return nil, fmt.Errorf("queue.Enqueue: job %s is %s: %w", jobID, row.Status, jobs.ErrJobTerminal)
 	}
 	queue := row.Queue
 	if queue == "" {

@@ -121,6 +121,22 @@ func TestEnqueue(t *testing.T) {
 		}
 	})
 
+	t.Run("TerminalJobIsRefusedAndNothingIsEnqueued", func(t *testing.T) {
+		t.Parallel()
+		mr, mc := miniRedis(t)
+		b := setupEnqueue(t, mc)
+		b.db.Insert(t, jobstest.Job{ID: "J6", Type: "report.export", Status: jobs.StatusFailed, Generation: 1})
+		b.db.Insert(t, jobstest.Job{ID: "J7", Type: "report.export", Status: jobs.StatusCompleted, Generation: 1})
+		for _, id := range []string{"J6", "J7"} {
+			if _, err := Enqueue(t.Context(), b.client, b.store, task(), id); !errors.Is(err, jobs.ErrJobTerminal) {
+				t.Fatalf("Enqueue of %s: err = %v, want jobs.ErrJobTerminal", id, err)
+			}
+		}
+		if keys := mr.Keys(); len(keys) != 0 {
+			t.Fatalf("refused Enqueue wrote Redis keys %v", keys)
+		}
+	})
+
 	t.Run("CallerOptionsAfterOursApply", func(t *testing.T) {
 		t.Parallel()
 		_, mc := miniRedis(t)

@@ -23,14 +23,20 @@ const (
 	TaskArchived    TaskStatus = "archived"
 	TaskCompleted   TaskStatus = "completed"
 	TaskNotFound    TaskStatus = "not_found"
+	// TaskQueueNotFound: asynq does not know the task's queue at all (a
+	// name only the row uses, another Redis database, data lost). Nothing
+	// can be said about the task, so the reaper does not call it lost.
+	TaskQueueNotFound TaskStatus = "queue_not_found"
 )
 
 // WillRun reports whether asynq may still run the task: it is active, or
 // waits in pending, scheduled, retry or aggregating. Archived, completed and
-// not-found tasks are never run again by asynq (v0.26.0).
+// not-found tasks are never run again by asynq (v0.26.0). For
+// TaskQueueNotFound it answers true: without the queue there is no
+// evidence either way, and a job is never failed on a guess.
 func (s TaskStatus) WillRun() bool {
 	switch s {
-	case TaskActive, TaskPending, TaskScheduled, TaskRetry, TaskAggregating:
+	case TaskActive, TaskPending, TaskScheduled, TaskRetry, TaskAggregating, TaskQueueNotFound:
 		return true
 	}
 	return false
@@ -52,8 +58,9 @@ var taskStatuses = map[asynq.TaskState]TaskStatus{
 	asynq.TaskStateCompleted:   TaskCompleted,
 }
 
-// TaskStatus looks task id of queue up with the Inspector. A task or queue
-// asynq does not know is TaskNotFound with a nil error.
+// TaskStatus looks task id of queue up with the Inspector. A task asynq
+// does not hold is TaskNotFound, a queue it does not know
+// TaskQueueNotFound, both with a nil error.
 //
 // Errors: ctx's error when ctx is already done; any other Inspector error,
 // wrapped and naming the queue and task; an error for a state this package
@@ -63,7 +70,10 @@ func (l *InspectorLister) TaskStatus(ctx context.Context, queue, id string) (Tas
 		return "", fmt.Errorf("queue.InspectorLister.TaskStatus: queue %q task %q: %w", queue, id, err)
 	}
 	info, err := l.inspector.GetTaskInfo(queue, id)
-	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+	if errors.Is(err, asynq.ErrQueueNotFound) {
+		return TaskQueueNotFound, nil
+	}
+	if errors.Is(err, asynq.ErrTaskNotFound) {
 		return TaskNotFound, nil
 	}
 	if err != nil {

@@ -26,10 +26,11 @@ func TestInspectorListerTaskStatus(t *testing.T) {
 			t.Errorf("TaskStatus(%s) = %q, %v; want %q", id, got, err, want)
 		}
 	}
-	if got, err := b.lister.TaskStatus(ctx, b.queue+"-never-seen", "x"); err != nil || got != TaskNotFound {
-		t.Errorf("TaskStatus in an unknown queue = %q, %v; want not_found", got, err)
+	if got, err := b.lister.TaskStatus(ctx, b.queue+"-never-seen", "x"); err != nil || got != TaskQueueNotFound {
+		t.Errorf("TaskStatus in an unknown queue = %q, %v; want queue_not_found", got, err)
 	}
-	if TaskArchived.WillRun() || TaskCompleted.WillRun() || TaskNotFound.WillRun() || !TaskRetry.WillRun() || !TaskPending.WillRun() {
-		t.Error("WillRun disagrees with asynq: only archived, completed and not-found tasks are never run again")
+	if TaskArchived.WillRun() || TaskCompleted.WillRun() || TaskNotFound.WillRun() || !TaskRetry.WillRun() ||
+		!TaskPending.WillRun() || !TaskQueueNotFound.WillRun() {
+		t.Error("WillRun: only archived, completed and not-found tasks are never run again; an unknown queue proves nothing")
 	}
 }

@@ -72,16 +72,16 @@ func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
 // newer attempt) gets no write of the mapping, so the mapping never leaves a
 // late_result_rejected event of its own. Otherwise:
 //
+//   - the handler's context was cancelled (not timed out), whatever it
+//     returned: asynq is shutting down, which puts the task back in its
+//     queue without counting an attempt, or the task was cancelled. asynq's
+//     next step is not known here, so nothing is written: the row stays
+//     PROCESSING, the next claim takes the job over, and if asynq never
+//     runs the task again the reaper fails the job as lost_task.
 //   - err is nil: the type is auto_complete and the job is completed now;
 //     otherwise the job fails with jobs.ReasonNoCompletion and the task is
 //     archived: writing results and then completing afterwards is the order
 //     this product exists to prevent.
-//   - err is not nil and the handler's context was cancelled (not timed
-//     out): asynq is shutting down, which puts the task back in its queue
-//     without counting an attempt, or the task was cancelled. asynq's next
-//     step is not known here, so nothing is written: the row stays
-//     PROCESSING, the next claim takes the job over, and if asynq never
-//     runs the task again the reaper fails the job as lost_task.
 //   - err wraps asynq.RevokeTask: asynq deletes the task, so the job fails
 //     with the code from Failure, else CodeRevoked.
 //   - err is retryable (no asynq.SkipRetry, and retries remain): the row
@@ -105,13 +105,13 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 	if done, serr := g.settled(wctx, log, lease, err); done {
 		return serr
 	}
-	if err == nil {
-		return g.settleSuccess(wctx, log, lease)
-	}
 	if errors.Is(ctx.Err(), context.Canceled) {
 		g.count("abandoned")
 		log.WarnContext(wctx, "attempt cancelled (worker shutdown or task cancel); the job is left to its next claim", "err", err)
 		return err
+	}
+	if err == nil {
+		return g.settleSuccess(wctx, log, lease)
 	}
 	if errors.Is(err, asynq.RevokeTask) {
 		code := failureCode(err, CodeRevoked)

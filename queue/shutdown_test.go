@@ -21,8 +21,26 @@ import (
 // completes it.
 func TestShutdownOnTheLastAttemptLeavesTheJobToTheNextWorker(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		returnNil    bool
+		autoComplete bool
+	}{
+		{"HandlerReturnsCtxErr", false, false},
+		{"HandlerReturnsNil", true, false},
+		{"AutoCompleteHandlerReturnsNil", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			shutdownOnLastAttempt(t, tc.returnNil, tc.autoComplete)
+		})
+	}
+}
+
+func shutdownOnLastAttempt(t *testing.T, returnNil, autoComplete bool) {
 	db := jobstest.New(t)
 	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.Exec(t, `UPDATE job_types SET auto_complete = $1`, autoComplete)
 	rc := realRedis(t)
 	q := unique(t, "shutdown-")
 	deleteQueueAtCleanup(t, rc, q)
@@ -51,6 +69,9 @@ func TestShutdownOnTheLastAttemptLeavesTheJobToTheNextWorker(t *testing.T) {
 	w1 := newServer("W1", func(ctx context.Context, _ *asynq.Task) error {
 		close(started)
 		<-ctx.Done() // a well-behaved long job stops when asked
+		if returnNil {
+			return nil
+		}
 		return ctx.Err()
 	})
 	client := asynq.NewClientFromRedisClient(rc)

@@ -112,34 +112,3 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 	}
 	return v
 }
-
-// DecideLost is the rule for a job whose task was not among the active
-// ones this pass, before its task is looked up: a PROCESSING job is judged
-// by Decide; a QUEUED job qualifies when its type's stall timeout is sane
-// and the row has not changed for that long (its task should have run by
-// then). Every other status is SkipNotProcessing. jobs.QueuedLostPredicate
-// states the QUEUED rule in SQL.
-func DecideLost(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
-	if snap == nil || snap.Status != jobs.StatusQueued {
-		return Decide(snap, now, rule)
-	}
-	v := Verdict{Idle: now.Sub(snap.UpdatedAt), StallTimeout: rule.DefaultStallTimeout}
-	if snap.Limits == nil {
-		v.Skip = SkipUnknownType
-		return v
-	}
-	v.MaxRuntime = snap.Limits.MaxRuntime
-	if snap.Limits.StallTimeout != nil {
-		v.StallTimeout = *snap.Limits.StallTimeout
-	}
-	switch {
-	case v.StallTimeout < rule.MinStallTimeout:
-		v.Skip = SkipBadLimits
-		v.Why = fmt.Sprintf("stall timeout %s is below 2 x heartbeat interval + scan interval = %s", v.StallTimeout, rule.MinStallTimeout)
-	case v.Idle < v.StallTimeout:
-		v.Skip = SkipProgressing
-	default:
-		v.Reap = true
-	}
-	return v
-}

@@ -35,16 +35,6 @@ type boundaryCase struct {
 	noStart                 bool
 	runtime, idle           time.Duration
 	want                    reaper.SkipReason // "" = reap
-	// lost is DecideLost's answer for a QUEUED row ("" = reap); for other
-	// statuses DecideLost is Decide.
-	lost reaper.SkipReason
-}
-
-func (tc boundaryCase) wantLost() reaper.SkipReason {
-	if tc.status == jobs.StatusQueued {
-		return tc.lost
-	}
-	return tc.want
 }
 
 var boundaryTable = []boundaryCase{
@@ -68,22 +58,17 @@ var boundaryTable = []boundaryCase{
 	{name: "CenturiesLongLimitIsWithinLimit", maxRuntime: "1000 years", hard: "2000 years", runtime: 2 * time.Hour, idle: time.Hour, want: reaper.SkipWithinLimit},
 	{name: "CenturiesLongHardTimeoutStillReaps", maxRuntime: "30 minutes", hard: "500 years", runtime: 31 * time.Minute, idle: 20 * time.Minute},
 	{name: "QueuedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
-	{name: "QueuedIdleEqualToStall", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: 15 * time.Minute, want: reaper.SkipNotProcessing},
-	{name: "QueuedIdleJustUnderStall", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: 15*time.Minute - us, want: reaper.SkipNotProcessing, lost: reaper.SkipProgressing},
-	{name: "QueuedNeverClaimedIdlePastStall", maxRuntime: "30 minutes", status: jobs.StatusQueued, noStart: true, idle: 20 * time.Minute, want: reaper.SkipNotProcessing},
-	{name: "QueuedWithTypeStallBelowMinimum", maxRuntime: "30 minutes", stall: "5 minutes", status: jobs.StatusQueued, idle: time.Hour, want: reaper.SkipNotProcessing, lost: reaper.SkipBadLimits},
-	{name: "QueuedOfUnknownType", status: jobs.StatusQueued, idle: time.Hour, want: reaper.SkipNotProcessing, lost: reaper.SkipUnknownType},
+	{name: "QueuedNeverClaimed", maxRuntime: "30 minutes", status: jobs.StatusQueued, noStart: true, idle: 20 * time.Minute, want: reaper.SkipNotProcessing},
 	{name: "CompletedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusCompleted, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
 	{name: "NullStartTime", maxRuntime: "30 minutes", noStart: true, idle: time.Hour, want: reaper.SkipNoStartTime},
 	{name: "UnknownType", runtime: time.Hour, idle: time.Hour, want: reaper.SkipUnknownType},
 }
 
 // TestDecideAndReapAgreeOnBoundaries runs every row against the pure
-// Decide and DecideLost and against every SQL form of the same rules
-// (jobs.StallPredicate and jobs.QueuedLostPredicate in the reap UPDATE and
-// in the set-based ListLostCandidates), inside one transaction, whose now()
-// does not move, so all see the same clock to the microsecond. All must give
-// the row's answer.
+// Decide and against both SQL forms of jobs.StallPredicate, the reap UPDATE
+// and the set-based ListLostCandidates, inside one transaction, whose now()
+// does not move, so all see the same clock to the microsecond. All must
+// give the row's answer.
 func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
@@ -113,24 +98,20 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			if v.Reap != (tc.want == "") || v.Skip != tc.want {
 				t.Errorf("Decide = reap %v skip %q; want skip %q (runtime %v idle %v)", v.Reap, v.Skip, tc.want, v.Runtime, v.Idle)
 			}
-			vl := reaper.DecideLost(snap, now, baselineRule)
-			if vl.Reap != (tc.wantLost() == "") || vl.Skip != tc.wantLost() {
-				t.Errorf("DecideLost = reap %v skip %q; want skip %q", vl.Reap, vl.Skip, tc.wantLost())
-			}
 			lost, err := store.ListLostCandidates(ctx, jobs.LostCandidatesParams{Queues: []string{"boundary"}, Rule: baselineRule})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if found := len(lost) == 1 && lost[0].ID == id; found != (tc.wantLost() == "") {
-				t.Errorf("set-based ListLostCandidates found the job: %v; DecideLost says %q", found, tc.wantLost())
+			if found := len(lost) == 1 && lost[0].ID == id; found != (tc.want == "") {
+				t.Errorf("set-based ListLostCandidates found the job: %v; Decide says %q", found, tc.want)
 			}
-			reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Status: snap.Status, Generation: snap.Generation,
+			reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: snap.Generation,
 				UpdatedAt: snap.UpdatedAt, Reason: jobs.ReasonStalled, Rule: baselineRule})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if reaped != (tc.wantLost() == "") {
-				t.Errorf("reap UPDATE for a %s row reaped = %v; DecideLost says %q", snap.Status, reaped, tc.wantLost())
+			if reaped != (tc.want == "") {
+				t.Errorf("reap UPDATE reaped = %v; Decide says %q", reaped, tc.want)
 			}
 			var status string
 			if err := tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, id).Scan(&status); err != nil {

@@ -13,13 +13,16 @@ import (
 // run it again and the next claim takes the job over.
 const SkipAwaitingRetry SkipReason = "awaiting_retry"
 
-// reapLost finds lost tasks: jobs of the queues listed completely this pass
-// whose task is not among the active ones and that asynq will never run
-// again (archived, completed or gone), either PROCESSING and stalled by the
-// same rule (a worker killed on its task's last attempt) or QUEUED and idle
-// for the stall timeout (the guard could not read the row on the task's
-// last delivery, the handler revoked the task, the task was never
-// enqueued).
+// SkipQueueNotFound: a stalled PROCESSING job whose task is not active and
+// whose queue asynq does not know at all, so whether asynq will run the
+// task cannot be told; the job is not reaped on a guess.
+const SkipQueueNotFound SkipReason = "queue_not_found"
+
+// reapLost finds lost tasks: PROCESSING jobs of the queues listed
+// completely this pass that are stalled by the same rule, whose task is not
+// among the active ones, and that asynq will never run again (archived,
+// completed or gone, as when a worker is killed on its task's last attempt,
+// or its handler is cancelled on the last attempt).
 // Each is looked up in asynq and reaped with failure_reason lost_task by the
 // same compare-and-set; jobs whose task still waits are skipped as
 // awaiting_retry, jobs whose task became active meanwhile are left to the
@@ -39,9 +42,9 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 		if ctx.Err() != nil {
 			return
 		}
-		// The SQL used the same rule; DecideLost states it once more on this
+		// The SQL used the same rule; Decide states it once more on this
 		// pass's clock reading, so a job is never reaped on one side alone.
-		if v := DecideLost(&snap, now, r.opts.Rule); !v.Reap {
+		if v := Decide(&snap, now, r.opts.Rule); !v.Reap {
 			continue
 		}
 		status, err := r.lister.TaskStatus(ctx, snap.Queue, snap.ID)
@@ -51,6 +54,12 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 		}
 		if status == queue.TaskActive {
 			continue // started since the listing: the next pass judges it
+		}
+		if status == queue.TaskQueueNotFound {
+			res.skip(SkipQueueNotFound, 1)
+			r.log.Warn("stalled job's queue is unknown to asynq; not reaped on a guess (another Redis database? a name only the row uses?)",
+				"job_id", snap.ID, "queue", snap.Queue)
+			continue
 		}
 		if status.WillRun() {
 			res.skip(SkipAwaitingRetry, 1)

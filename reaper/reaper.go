@@ -264,7 +264,7 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 // marker. A failed marker write is counted; the FAILED row still guards.
 func (r *Reaper) reap(ctx context.Context, snap jobs.Snapshot, reason string, res *Result) {
 	reaped, ev, err := r.store.Reap(ctx, jobs.ReapParams{
-		JobID: snap.ID, Status: snap.Status, Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
+		JobID: snap.ID, Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
 		Reason: reason, Rule: r.opts.Rule,
 	})
 	if err != nil {
