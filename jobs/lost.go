@@ -14,7 +14,7 @@ const LostCandidatesLimitDefault = 500
 const lostCandidatesSQL = `SELECT ` + snapshotColumns + `
   FROM jobs j JOIN job_types t ON t.name = j.type
  WHERE j.queue = ANY(@queues)
-   AND NOT (j.id = ANY(@active))
+   AND NOT EXISTS (SELECT 1 FROM unnest(@active::text[]) AS a(id) WHERE a.id = j.id)
    AND ` + StallPredicate + `
  ORDER BY j.updated_at, j.id
  LIMIT @limit`
