@@ -43,8 +43,8 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 		return nil, done(nil)
 	}
 	args := p.Rule.args()
-	// A nil slice would be NULL, and NOT (id = ANY(NULL)) matches nothing.
-	args["queues"], args["active"] = p.Queues, append([]string{}, p.Active...)
+	// A nil Active is NULL, whose unnest() is empty: it excludes nothing.
+	args["queues"], args["active"] = p.Queues, p.Active
 	args["limit"] = p.Limit
 	if p.Limit <= 0 {
 		args["limit"] = LostCandidatesLimitDefault

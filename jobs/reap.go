@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Failure reasons: fixed codes stored in jobs.failure_reason, never error
@@ -73,18 +72,14 @@ UPDATE jobs j
    AND t.name = j.type
    AND j.generation = @generation
    AND j.updated_at = @updated_at
-   AND `
-
-const reapReturning = `
+   AND ` + StallPredicate + `
 RETURNING j.generation, coalesce(j.worker, ''), j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''),
           j.started_at, j.updated_at,
-          coalesce((extract(epoch FROM now() - j.started_at) * 1000000)::bigint, 0),
+          (extract(epoch FROM now() - j.started_at) * 1000000)::bigint,
           (extract(epoch FROM now() - j.updated_at) * 1000000)::bigint,
           (extract(epoch FROM t.max_runtime) * 1000000)::bigint,
           (extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) * 1000000)::bigint,
           now()`
-
-var reapProcessingSQL = reapSQL + StallPredicate + reapReturning
 
 // ReapParams names the job to reap and the state it was read in.
 type ReapParams struct {
@@ -144,10 +139,9 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		var (
 			cascade                      cascadeArgs
 			runUS, idleUS, maxUS, stalUS int64
-			started                      pgtype.Timestamptz
 		)
-		err := tx.QueryRow(ctx, reapProcessingSQL, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
-			&cascade.ParentID, &cascade.TenantID, &started, &ev.UpdatedAt,
+		err := tx.QueryRow(ctx, reapSQL, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
+			&cascade.ParentID, &cascade.TenantID, &ev.StartedAt, &ev.UpdatedAt,
 			&runUS, &idleUS, &maxUS, &stalUS, &ev.DBNow)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -157,7 +151,6 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		}
 		reaped = true
 		ev.Reason = p.Reason
-		ev.StartedAt = started.Time
 		ev.Runtime, ev.Idle = time.Duration(runUS)*time.Microsecond, time.Duration(idleUS)*time.Microsecond
 		ev.MaxRuntime, ev.StallTimeout = time.Duration(maxUS)*time.Microsecond, time.Duration(stalUS)*time.Microsecond
 		detail, err := ev.detail()
