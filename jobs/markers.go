@@ -35,18 +35,14 @@ func (s *Store) MarkMarkerSet(ctx context.Context, jobID string, generation int6
 
 // ListMissingMarkers returns reaped jobs (failure_reason stalled or
 // lost_task) whose marker was never confirmed written and whose reap is
-// less than within ago, oldest first, at most limit (0:
-// MarkerRepairLimitDefault), together with the database clock's now() to
-// compute what is left of each marker's lifetime. It returns a wrapped
+// less than within before now, oldest first, at most limit (0:
+// MarkerRepairLimitDefault). now must be a reading of the database clock
+// (the pass's), the clock finished_at was written by. It returns a wrapped
 // driver error when PostgreSQL fails.
-func (s *Store) ListMissingMarkers(ctx context.Context, within time.Duration, limit int) ([]MissingMarker, time.Time, error) {
+func (s *Store) ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]MissingMarker, error) {
 	ctx, done := s.op(ctx, "ListMissingMarkers")
 	if limit <= 0 {
 		limit = MarkerRepairLimitDefault
-	}
-	var now time.Time
-	if err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return nil, time.Time{}, done(err)
 	}
 	rows, err := s.db.Query(ctx, `SELECT id, generation, finished_at FROM jobs
  WHERE status = 'FAILED' AND marker_set_at IS NULL AND failure_reason IN ('stalled', 'lost_task')
@@ -54,11 +50,11 @@ func (s *Store) ListMissingMarkers(ctx context.Context, within time.Duration, li
  ORDER BY finished_at, id
  LIMIT $3`, now, Interval(within), limit)
 	if err != nil {
-		return nil, time.Time{}, done(err)
+		return nil, done(err)
 	}
 	missing, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (MissingMarker, error) {
 		var m MissingMarker
 		return m, row.Scan(&m.JobID, &m.Generation, &m.ReapedAt)
 	})
-	return missing, now, done(err)
+	return missing, done(err)
 }

@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"context"
+	"time"
 
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -17,14 +18,15 @@ func (r *Reaper) markerWritten(ctx context.Context, jobID string, generation int
 
 // repairMarkers re-sets the markers of jobs reaped within the marker's
 // lifetime whose marker write was never confirmed (Redis failed at the
-// reap). Each gets only what is left of its 7 days, counted on the
-// database clock from the reap, never more; the marker's compare-and-set
-// keeps a marker that is already there.
-func (r *Reaper) repairMarkers(ctx context.Context, res *Result) {
+// reap). Each gets only what is left of its 7 days, counted from the reap
+// to now, the pass's database clock reading taken just before (no second
+// clock query); the marker's compare-and-set keeps a marker that is
+// already there.
+func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) {
 	if ctx.Err() != nil {
 		return
 	}
-	missing, now, err := r.store.ListMissingMarkers(ctx, queue.MarkerTTL, 0)
+	missing, err := r.store.ListMissingMarkers(ctx, now, queue.MarkerTTL, 0)
 	if err != nil {
 		r.failed(ctx, res, stageMarker, "looking for missing markers failed; retried next pass", "err", err)
 		return

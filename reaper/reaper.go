@@ -26,7 +26,7 @@ type Store interface {
 	Reap(ctx context.Context, p jobs.ReapParams) (bool, jobs.Evidence, error)
 	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
 	MarkMarkerSet(ctx context.Context, jobID string, generation int64) error
-	ListMissingMarkers(ctx context.Context, within time.Duration, limit int) ([]jobs.MissingMarker, time.Time, error)
+	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)
 }
 
 // Lister lists active tasks and looks single tasks up;
@@ -168,7 +168,7 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	}
 	// Markers whose write failed in an earlier pass (first, so that a
 	// write failing in this pass is not retried at once).
-	r.repairMarkers(ctx, &res)
+	r.repairMarkers(ctx, now, &res)
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
 	ids, listed := r.listActive(ctx, queues, &res)
