@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 
 	"github.com/hibiken/asynq"
 
@@ -28,8 +27,6 @@ const (
 	CodePanic = "handler_panic"
 )
 
-var codePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
-
 // codedError carries the failure code a handler chose.
 type codedError struct {
 	code string
@@ -42,8 +39,9 @@ func (e *codedError) Unwrap() error { return e.err }
 // Failure returns err tagged with code, a short snake_case failure code
 // (for example "source_missing"), for a handler to return. When the
 // outcome mapping fails the job, it stores code instead of a generic one;
-// err's text goes to the log only, never to the row. A code that is not
-// snake_case (at most 64 characters) is ignored and the generic code used.
+// err's text goes to the log only, never to the row. A code that
+// jobs.CheckFailureCode refuses (not snake_case, too long, or one of the
+// reaper's) is ignored and the generic code used.
 func Failure(code string, err error) error {
 	if err == nil {
 		err = errors.New(code)
@@ -53,7 +51,7 @@ func Failure(code string, err error) error {
 
 func failureCode(err error, fallback string) string {
 	var c *codedError
-	if errors.As(err, &c) && codePattern.MatchString(c.code) && jobs.CheckFailureCode(c.code) == nil {
+	if errors.As(err, &c) && jobs.CheckFailureCode(c.code) == nil {
 		return c.code
 	}
 	return fallback
@@ -144,10 +142,7 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 	return fmt.Errorf("queue.Guard: job %s failed (%s): %w: %w", lease.JobID, code, err, asynq.SkipRetry)
 }
 
-func (g *Guard) settleSuccess(ctx context.Context, log interface {
-	WarnContext(context.Context, string, ...any)
-	InfoContext(context.Context, string, ...any)
-}, lease jobs.Lease) error {
+func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.Lease) error {
 	res, err := g.store.AutoComplete(ctx, lease)
 	switch {
 	case err == nil && res.Replayed:
@@ -159,7 +154,7 @@ func (g *Guard) settleSuccess(ctx context.Context, log interface {
 		return nil
 	case errors.Is(err, jobs.ErrNotAutoComplete):
 		if ferr := g.store.Fail(ctx, lease, jobs.ReasonNoCompletion); ferr != nil {
-			return g.settleWriteFailed(ctx, nil, lease, "fail", nil, ferr)
+			return g.settleWriteFailed(ctx, log, lease, "fail", nil, ferr)
 		}
 		g.count("no_completion")
 		log.WarnContext(ctx, "handler returned without a confirmed Complete; job FAILED",
@@ -167,7 +162,7 @@ func (g *Guard) settleSuccess(ctx context.Context, log interface {
 		return fmt.Errorf("queue.Guard: job %s: handler returned nil without jobs.Complete (type is not auto_complete): %s: %w",
 			lease.JobID, jobs.ReasonNoCompletion, asynq.SkipRetry)
 	default:
-		return g.settleWriteFailed(ctx, nil, lease, "complete", nil, err)
+		return g.settleWriteFailed(ctx, log, lease, "complete", nil, err)
 	}
 }
 
@@ -175,8 +170,8 @@ func (g *Guard) settleSuccess(ctx context.Context, log interface {
 // fenced refusal means the attempt lost its job: SkipRetry. Anything else
 // (an outage) leaves the row as it was and returns the handler's error, or
 // the write's error when the handler succeeded, for asynq to retry.
-func (g *Guard) settleWriteFailed(ctx context.Context, _ any, lease jobs.Lease, op string, handlerErr, writeErr error) error {
-	log := g.logger.With("job_id", lease.JobID, "generation", lease.Generation, "op", op)
+func (g *Guard) settleWriteFailed(ctx context.Context, log *slog.Logger, lease jobs.Lease, op string, handlerErr, writeErr error) error {
+	log = log.With("op", op)
 	if errors.Is(writeErr, jobs.ErrJobTerminal) || errors.Is(writeErr, jobs.ErrStaleWorker) {
 		g.count("lost_job")
 		log.WarnContext(ctx, "attempt lost its job before it settled, task will not be retried", "reason", jobs.ErrorCode(writeErr))
