@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,11 +46,6 @@ func (e *FieldError) Error() string {
 	return e.Msg + " (" + e.Source + ")"
 }
 
-// schemaPattern is the rule jobs.Connect applies (jobs.ErrBadSchema), so
-// that a bad schema is reported with every other problem before anything
-// connects.
-var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 // Validate reports every problem of c, joined with errors.Join, each a
 // *FieldError whose sentence names the setting by its YAML key, its value
 // and the rule; nil when c is usable. It never changes c and fills no
@@ -65,7 +59,9 @@ func (c Config) Validate() error {
 	var v validator
 	v.databaseURL(c.DatabaseURL)
 	v.redisURL(c.RedisURL)
-	if !schemaPattern.MatchString(c.Schema) {
+	// The rule jobs.Connect applies, reported here with every other
+	// problem before anything connects.
+	if !jobs.ValidSchema(c.Schema) {
 		v.addf("schema", "schema %q is not a plain PostgreSQL identifier: use letters, digits and underscore, at most 63 characters, not starting with a digit", c.Schema)
 	}
 	v.queues(c.Queues)

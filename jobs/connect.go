@@ -22,6 +22,11 @@ var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // PostgreSQL identifier (letters, digits, underscore; at most 63 bytes).
 var ErrBadSchema = errors.New("schema name must be a plain identifier: letters, digits and underscore, at most 63 characters, not starting with a digit")
 
+// ValidSchema reports whether schema is a name Connect accepts: a plain
+// PostgreSQL identifier (letters, digits, underscore, not starting with a
+// digit, at most 63 bytes).
+func ValidSchema(schema string) bool { return schemaPattern.MatchString(schema) }
+
 // Connect opens a pool to the database at databaseURL whose connections
 // look up tables in schema first (see SearchPath), so every statement of
 // this package reaches the tables of that schema while the product's tables
@@ -32,7 +37,7 @@ var ErrBadSchema = errors.New("schema name must be a plain identifier: letters, 
 // Errors: ErrBadSchema for a malformed schema name; otherwise an error that
 // names the host but never the password of databaseURL.
 func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, error) {
-	if !schemaPattern.MatchString(schema) {
+	if !ValidSchema(schema) {
 		return nil, fmt.Errorf("jobs.Connect: schema %q: %w", schema, ErrBadSchema)
 	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)

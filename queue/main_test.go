@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 // fails the test (never skips it) when Redis is not reachable.
 func realRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	addr := cmpOr(os.Getenv("JOBREAPER_TEST_REDIS_ADDR"), redisAddrDefault)
+	addr := cmp.Or(os.Getenv("JOBREAPER_TEST_REDIS_ADDR"), redisAddrDefault)
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
@@ -49,13 +50,6 @@ func miniRedis(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	return mr, c
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // unique returns prefix + a name derived from the test + a random suffix,
