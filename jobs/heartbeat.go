@@ -2,10 +2,13 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // HeartbeatIntervalDefault is how often, at most, one process writes a
@@ -190,26 +193,42 @@ func (h *Heartbeater) Stats() HeartbeatStats {
 	}
 }
 
+// heartbeatSQL is the fenced heartbeat and, in the same round trip, the
+// row's state, which tells a mark that did not advance from an attempt that
+// is over. The outer SELECT reads the row as it was before the UPDATE; a
+// heartbeat changes neither status nor generation.
 const heartbeatSQL = `
-UPDATE jobs
-   SET updated_at = now(), progress_mark = @progress
- WHERE id = @job_id
-   AND status = 'PROCESSING'
-   AND generation = @generation
-   AND progress_mark < @progress`
+WITH beat AS (
+    UPDATE jobs
+       SET updated_at = now(), progress_mark = @progress
+     WHERE id = @job_id
+       AND status = 'PROCESSING'
+       AND generation = @generation
+       AND progress_mark < @progress
+ RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM beat), status, generation, coalesce(failure_reason, '')
+  FROM jobs WHERE id = @job_id`
 
 // heartbeat is the fenced heartbeat write, unthrottled: only Heartbeater
 // calls it.
 func (s *Store) heartbeat(ctx context.Context, lease Lease, progress int64) (bool, error) {
 	ctx, done := s.op(ctx, "Heartbeat")
-	tag, err := s.db.Exec(ctx, heartbeatSQL, namedLease(lease, "progress", progress))
-	if err != nil {
-		return false, done(err)
+	var (
+		written bool
+		st      jobState
+	)
+	err := s.db.QueryRow(ctx, heartbeatSQL, namedLease(lease, "progress", progress)).
+		Scan(&written, &st.Status, &st.Generation, &st.FailureReason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}
-	if tag.RowsAffected() == 1 {
-		return true, done(nil)
+	if err != nil || written {
+		return written, done(err)
 	}
-	// 0 rows: the mark did not advance, or the attempt is over.
-	_, err = s.refuse(ctx, s.db, "Heartbeat", lease)
-	return false, done(err)
+	// 0 rows: the mark did not advance (no error), or the attempt is over.
+	if ferr := fenceError(lease, st); ferr != nil {
+		return false, done(s.rejectLate(ctx, "Heartbeat", lease, st, ferr))
+	}
+	return false, done(nil)
 }
