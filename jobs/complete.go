@@ -47,8 +47,10 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // (reaped or failed); ErrStaleWorker when another generation owns the job (a
 // newer attempt claimed or completed it) or this attempt released it; both
 // record a late_result_rejected event outside tx. ErrNotFound for a missing
-// row; a wrapped cascade error naming the type and statement; otherwise a
-// wrapped driver error or the operation's timeout.
+// row; a wrapped cascade error naming the type and statement; ErrTxEnded
+// when an on_completed statement ended tx (a COMMIT or ROLLBACK that slipped
+// past PrepareCascades); otherwise a wrapped driver error or the
+// operation's timeout.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
 	ctx, done := s.op(ctx, "Complete")
 	var ca cascadeArgs
@@ -65,6 +67,13 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteR
 	}
 	if err := s.cascades.runCompleted(ctx, tx, ca); err != nil {
 		return CompleteResult{}, done(err)
+	}
+	// The caller commits tx; tell it now if the cascade ended tx, before it
+	// writes its product rows outside any transaction.
+	if len(s.cascades[ca.Type].OnCompleted) > 0 {
+		if err := checkTxOpen(tx, "the on_completed cascade of type "+ca.Type); err != nil {
+			return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, err))
+		}
 	}
 	return CompleteResult{}, done(nil)
 }
@@ -98,7 +107,8 @@ func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, le
 // result is Confirmed when the transaction committed or replayed.
 //
 // Errors: those of Complete (nothing written); fn's error, wrapped, after
-// rolling back (the job stays PROCESSING); a failed commit, whose outcome is
+// rolling back (the job stays PROCESSING); ErrTxEnded when the cascade or
+// fn ended the transaction before COMMIT; a failed commit, whose outcome is
 // unknown to the caller: retry CompleteWith, and a committed completion
 // answers Replayed.
 func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) (CompleteResult, error) {
@@ -119,6 +129,9 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 		if err := fn(tx); err != nil {
 			return CompleteResult{}, done(fmt.Errorf("completion writes of job %s (rolled back, job stays PROCESSING): %w", lease.JobID, err))
 		}
+	}
+	if err := checkTxOpen(tx, "the completion's cascade or function"); err != nil {
+		return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, err))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return CompleteResult{}, done(fmt.Errorf("committing the completion of job %s (outcome unknown: retry, a committed completion answers Replayed): %w", lease.JobID, err))
@@ -167,7 +180,8 @@ func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) erro
 // succeeded. Like CompleteWith's fn, fn holds database writes only.
 //
 // Errors: those of CheckCompleted (fn not called); fn's error, wrapped,
-// after rolling back; a failed commit.
+// after rolling back; ErrTxEnded when fn ended the transaction before
+// COMMIT; a failed commit.
 func (s *Store) AfterCompleted(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) error {
 	if db == nil {
 		db = s.db
@@ -183,6 +197,9 @@ func (s *Store) AfterCompleted(ctx context.Context, db TxBeginner, lease Lease, 
 	}
 	if err := fn(tx); err != nil {
 		return done(fmt.Errorf("writes after the completion of job %s (rolled back): %w", lease.JobID, err))
+	}
+	if err := checkTxOpen(tx, "AfterCompleted's function"); err != nil {
+		return done(fmt.Errorf("job %s: %w", lease.JobID, err))
 	}
 	return done(tx.Commit(ctx))
 }

@@ -60,7 +60,9 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // when another generation owns the job or this attempt released it, and
 // ErrJobTerminal when it is already COMPLETED or FAILED, both with a
 // late_result_rejected event; ErrNotFound for a missing row; a wrapped
-// cascade error (nothing written); otherwise a wrapped driver error.
+// cascade error (nothing written); ErrTxEnded when a cascade statement ended
+// the transaction (not reported as failed by this call); otherwise a wrapped
+// driver error.
 func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
 	ctx, done := s.op(ctx, "Fail")
 	if err := CheckFailureCode(code); err != nil {

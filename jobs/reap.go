@@ -130,7 +130,10 @@ func (e Evidence) detail() ([]byte, error) {
 // runs the type's on_failed cascade.
 //
 // It returns reaped=false with a zero Evidence when the CAS matched nothing,
-// and an error (nothing written) when PostgreSQL or a cascade failed.
+// and an error (nothing written) when PostgreSQL or a cascade failed; an
+// error wrapping ErrTxEnded (never reaped=true) when a cascade statement
+// ended the transaction, so the UPDATE, the event and the cascade did not
+// commit together.
 func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidence, err error) {
 	ctx, done := s.op(ctx, "Reap")
 	args := p.Rule.args()

@@ -74,8 +74,8 @@ SELECT j.status, j.generation, coalesce(j.failure_reason, ''), coalesce(t.auto_c
 //
 // Errors: ErrNotAutoComplete as above; ErrStaleWorker or ErrJobTerminal
 // when the attempt is over, with a late_result_rejected event; ErrNotFound
-// for a missing row; a wrapped cascade error; otherwise a wrapped driver
-// error.
+// for a missing row; a wrapped cascade error; ErrTxEnded when a cascade
+// statement ended the transaction; otherwise a wrapped driver error.
 func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, error) {
 	ctx, done := s.op(ctx, "AutoComplete")
 	matched := false

@@ -106,6 +106,10 @@ func (s *Store) op(ctx context.Context, name string) (context.Context, func(erro
 }
 
 // inTx runs fn in a transaction on s.db and commits it when fn returns nil.
+// Before COMMIT it checks once that the transaction is still open
+// (checkTxOpen, no round trip): a cascade statement that ended it makes the
+// operation fail with ErrTxEnded instead of reporting a write that did not
+// commit with the rest.
 func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
@@ -113,6 +117,9 @@ func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := checkTxOpen(tx, ""); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -1,0 +1,4 @@
+package jobs
+
+// CheckTxOpen exposes checkTxOpen to the external tests.
+var CheckTxOpen = checkTxOpen

@@ -1,0 +1,58 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxIDLength bounds a job ID (bytes). The ID is the primary key of jobs
+// and, with a batch token of up to MaxBatchTokenLength bytes, of
+// job_batches; a PostgreSQL B-tree entry must fit in a third of an 8 kB
+// page (2,704 bytes for B-tree version 4, "index row size exceeds btree
+// maximum"), so an uncompressible ID much over 2 kB fails to insert at
+// all. 1,024 bytes leaves room for the token and the tuple headers, and is
+// far above any ID a product makes (a UUID is 36 bytes). The limit is
+// enforced here, in code, not by a CHECK on the table: a CHECK would fail a
+// migration on a database that already holds a longer ID, and jobreaper
+// never inserts job rows itself.
+const MaxIDLength = 1024
+
+// ErrBadID: a job ID that PostgreSQL cannot store in a text column (a NUL
+// byte, bytes that are not valid UTF-8), or one longer than MaxIDLength.
+// asynq accepts any string as a task ID, so another producer sharing the
+// Redis can enqueue such a task; jobreaper counts and skips it instead of
+// sending it to PostgreSQL, where it would fail the whole statement.
+var ErrBadID = errors.New("job ID cannot be stored by PostgreSQL")
+
+// CheckID reports whether id can be a job ID: not empty, valid UTF-8 (the
+// encoding of a text column in a UTF8 database, which rejects anything else
+// with "invalid byte sequence"), without a NUL byte (which no PostgreSQL
+// text value can hold, whatever the encoding), and at most MaxIDLength
+// bytes. It sends nothing anywhere.
+//
+// The error wraps ErrBadID and says which rule failed; it shows the ID
+// escaped (%q), so a log line carrying it stays one readable line. An ID
+// over the length limit is shown by its first 64 bytes only.
+func CheckID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("job ID is empty: %w", ErrBadID)
+	case len(id) > MaxIDLength:
+		return fmt.Errorf("job ID %q... is %d bytes, over the limit of %d: %w", truncate(id, 64), len(id), MaxIDLength, ErrBadID)
+	case strings.IndexByte(id, 0) >= 0:
+		return fmt.Errorf("job ID %q contains a NUL byte, which PostgreSQL text cannot hold: %w", id, ErrBadID)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("job ID %q is not valid UTF-8: %w", id, ErrBadID)
+	}
+	return nil
+}
+
+// truncate returns at most n bytes of s.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
