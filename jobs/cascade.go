@@ -7,8 +7,10 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Cascade holds one job type's follow-up statements. Each is SQL with named
@@ -127,10 +129,18 @@ func isNamedArg(sql, name string) bool {
 // named arguments rewritten to $n as at run time) inside a transaction that
 // is rolled back, so a misspelt table or column fails here, naming the type,
 // the hook and the statement, rather than at the first reap or completion.
-// Nothing is executed.
 //
-// Errors: the joined problems, each wrapping ErrBadCascade; or a wrapped
-// driver error when PostgreSQL cannot be reached.
+// Each statement must also be one that PostgreSQL's own PREPARE accepts: a
+// SELECT, INSERT, UPDATE, DELETE, MERGE or VALUES statement. PREPARE refuses
+// transaction control (COMMIT, ROLLBACK, SAVEPOINT, ...), CALL and DO, which
+// could end or escape the transaction that changes the job, so that a reap
+// would look committed while its UPDATE was rolled back; this is the check,
+// made by PostgreSQL's grammar rather than a parser of ours. Nothing is
+// executed.
+//
+// Errors: the joined problems, each wrapping ErrBadCascade and naming the
+// type, the hook, the statement (number and text) and the rule; or a
+// wrapped driver error when PostgreSQL cannot be reached.
 func (s *Store) PrepareCascades(ctx context.Context) error {
 	if err := s.cascades.Validate(); err != nil {
 		return fmt.Errorf("jobs.PrepareCascades: %w", err)
@@ -155,22 +165,70 @@ func (s *Store) PrepareCascades(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return done(err)
 			}
+			if errors.Is(err, errNotPreparable) {
+				errs = append(errs, fmt.Errorf("%s (%q) is refused: %w: %w", st, shorten(st.sql, 80), err, ErrBadCascade))
+				continue
+			}
 			errs = append(errs, fmt.Errorf("%s does not prepare against the database: %w: %w", st, ErrBadCascade, err))
 		}
 	}
 	return done(errors.Join(errs...))
 }
 
-// prepareIn parses and describes sql as an unnamed statement inside a
-// savepoint of tx, so that one failure does not abort the checks after it.
+// errNotPreparable is the rule a statement breaks when PostgreSQL parses it
+// but its PREPARE refuses it.
+var errNotPreparable = errors.New("a cascade statement must be one PostgreSQL's PREPARE accepts " +
+	"(SELECT, INSERT, UPDATE, DELETE, MERGE or VALUES); transaction control (COMMIT, ROLLBACK, SAVEPOINT, ...), " +
+	"CALL and DO could end the transaction that changes the job")
+
+// sqlStateSyntaxError is PostgreSQL's SQLSTATE 42601, syntax_error.
+const sqlStateSyntaxError = "42601"
+
+// cascadeCheckName names the prepared statement of the PREPARE check. It
+// is deallocated at once: prepared statements outlive a rolled-back
+// transaction.
+const cascadeCheckName = "jobreaper_cascade_check"
+
+// prepareIn checks sql inside a savepoint of tx, so that one failure does
+// not abort the checks after it: Parse and Describe as an unnamed protocol
+// statement (a misspelt table or column fails here), then PREPARE, whose
+// grammar accepts only SELECT, INSERT, UPDATE, DELETE, MERGE and VALUES. A
+// statement that parses but that PREPARE rejects as a syntax error returns
+// an error wrapping errNotPreparable. Both go through the extended protocol,
+// which refuses more than one statement in sql.
 func prepareIn(ctx context.Context, tx pgx.Tx, sql string) error {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = sp.Rollback(ctx) }()
-	_, err = sp.Conn().PgConn().Prepare(ctx, "", sql, nil)
+	conn := sp.Conn().PgConn()
+	if _, err := conn.Prepare(ctx, "", sql, nil); err != nil {
+		return err
+	}
+	_, err = conn.ExecParams(ctx, "PREPARE "+cascadeCheckName+" AS "+sql, nil, nil, nil, nil).Close()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlStateSyntaxError {
+		return fmt.Errorf("%w (PostgreSQL: %s)", errNotPreparable, pgErr.Message)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = conn.ExecParams(ctx, "DEALLOCATE "+cascadeCheckName, nil, nil, nil, nil).Close()
 	return err
+}
+
+// shorten returns s with its white space runs folded, cut to at most n
+// bytes at a rune boundary, with "..." when cut.
+func shorten(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
 
 // cascadeArgs are the named arguments a cascade statement may use.

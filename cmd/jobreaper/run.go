@@ -137,10 +137,11 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		return nil, cannotRun("%v; check --page-size", err)
 	}
 	store := jobs.NewStore(pool, jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))
-	// A misspelt table in a cascade fails here, not at the first reap.
+	// A misspelt table in a cascade fails here, not at the first reap, and
+	// so does a statement that would end the reap's transaction (ROLLBACK).
 	if err := store.PrepareCascades(ctx); err != nil {
 		closeAll()
-		return nil, cannotRun("the cascades of the config file do not prepare against schema %q: %s; fix the statements named",
+		return nil, cannotRun("the cascades of the config file fail their start check against schema %q: %s; fix the statements named",
 			cfg.Schema, joinProblems(err))
 	}
 	opts := reaper.Options{

@@ -347,4 +347,19 @@ func TestRunCascades(t *testing.T) {
 		requireExit(t, r, exitCannotRun)
 		requireOneLineError(t, r, `cascade on_failed of type "report.export", statement 1`, "no_such_table")
 	})
+
+	// B37: a cascade that would end the reap's transaction stops the start.
+	t.Run("CascadeThatEndsTheTransactionExits2NamingTypeStatementAndRule", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		file := filepath.Join(t.TempDir(), "jobreaper.yaml")
+		yaml := "cascades:\n  report.export:\n    on_failed:\n      - ROLLBACK\n"
+		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, onceArgs(db, unique("cascade"), "--config", file)...)
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, `cascade on_failed of type "report.export", statement 1 ("ROLLBACK") is refused`,
+			"must be one PostgreSQL's PREPARE accepts")
+	})
 }
