@@ -23,6 +23,13 @@ const EnqueueOpTimeoutDefault = 5 * time.Second
 // The reaper and the start guard find a job's task by that ID and queue.
 var ErrOptionConflict = errors.New("asynq option conflicts with the job row")
 
+// ErrTypeConflict means the task's type (asynq.Task.Type, which selects
+// the handler) is not the job row's type. The reaper judges the job by the
+// row's type limits and the cascades run by the row's type, while asynq
+// would run the other type's handler: the two would disagree about what
+// the job is.
+var ErrTypeConflict = errors.New("task type differs from the job row's type")
+
 // EnqueueStore is what Enqueue needs from PostgreSQL; *jobs.Store
 // satisfies it.
 type EnqueueStore interface {
@@ -49,17 +56,31 @@ type EnqueueStore interface {
 // equal ours: anything else is refused with ErrOptionConflict, since the
 // task ID is the job ID and the queue is where the reaper looks.
 //
-// Errors: an error wrapping jobs.ErrNotFound when the row is missing (the
-// row was not committed first); jobs.ErrJobTerminal when the job is
+// Enqueue also refuses, before anything reaches Redis, what the row or the
+// start guard contradicts: a task whose type is not the row's type
+// (ErrTypeConflict, naming both types), and asynq.Group (ErrOptionConflict):
+// asynq replaces a group's member tasks by one aggregated task whose ID is
+// no job's, which the start guard can never claim.
+//
+// Errors: an error wrapping jobs.ErrInvalidArgument for a nil task; an
+// error wrapping jobs.ErrNotFound when the row is missing (the
+// row was not committed first); ErrTypeConflict; jobs.ErrJobTerminal when the job is
 // already COMPLETED or FAILED (requeue it first); ErrOptionConflict; asynq.ErrTaskIDConflict
 // wrapped when a task with this ID already exists in the queue (asynq keeps
 // completed and archived tasks too); "queue.Enqueue timed out after 5s"
 // wrapping context.DeadlineExceeded; any other store or Redis error,
 // wrapped with the job ID.
 func Enqueue(ctx context.Context, client *asynq.Client, store EnqueueStore, task *asynq.Task, jobID string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	if task == nil {
+		return nil, fmt.Errorf("queue.Enqueue: job %s: task is nil: %w", jobID, jobs.ErrInvalidArgument)
+	}
 	row, err := store.Get(ctx, jobID)
 	if err != nil {
 		return nil, fmt.Errorf("queue.Enqueue: job %s: reading the job row: %w", jobID, err)
+	}
+	if task.Type() != row.Type {
+		return nil, fmt.Errorf("queue.Enqueue: job %s: task type %q is not the row's type %q: %w",
+			jobID, task.Type(), row.Type, ErrTypeConflict)
 	}
 	if row.Status == jobs.StatusCompleted || row.Status == jobs.StatusFailed {
 		// The guard would refuse the task anyway; enqueueing it would only
@@ -84,6 +105,9 @@ func Enqueue(ctx context.Context, client *asynq.Client, store EnqueueStore, task
 			if v, _ := o.Value().(string); v != queue {
 				return nil, fmt.Errorf("queue.Enqueue: job %s: option %s: %w: the job's queue is %q", jobID, o, ErrOptionConflict, queue)
 			}
+		case asynq.GroupOpt:
+			return nil, fmt.Errorf("queue.Enqueue: job %s: option %s: %w: asynq replaces a group's tasks by one whose ID is no job's, which the start guard cannot claim",
+				jobID, o, ErrOptionConflict)
 		}
 	}
 	all := append([]asynq.Option{asynq.TaskID(jobID), asynq.Queue(queue), asynq.Timeout(timeout)}, opts...)

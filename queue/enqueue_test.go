@@ -65,7 +65,7 @@ func TestEnqueue(t *testing.T) {
 		_, mc := miniRedis(t)
 		b := setupEnqueue(t, mc)
 		b.db.Insert(t, jobstest.Job{ID: "J2", Type: "crawl.site", Status: jobs.StatusQueued})
-		info, err := Enqueue(t.Context(), b.client, b.store, task(), "J2")
+		info, err := Enqueue(t.Context(), b.client, b.store, asynq.NewTask("crawl.site", nil), "J2")
 		if err != nil {
 			t.Fatalf("Enqueue: %v", err)
 		}

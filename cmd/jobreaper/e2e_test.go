@@ -55,7 +55,10 @@ func startWorker(t *testing.T, db *jobstest.DB, rdb *redis.Client, q, name strin
 	})
 	mux := asynq.NewServeMux()
 	mux.Use(guard.Middleware())
-	mux.Handle("e2e", handler)
+	// One handler for every job type of these tests.
+	for _, typ := range []string{"report.export", "crawl.site"} {
+		mux.Handle(typ, handler)
+	}
 	if err := srv.Start(mux); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +86,8 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 
 	db.JobType(t, "report.export", "30 minutes", "", "")
 	db.JobType(t, "crawl.site", "60 minutes", "", "")
-	for id, typ := range map[string]string{hung: "report.export", progressing: "crawl.site", fresh: "report.export"} {
+	types := map[string]string{hung: "report.export", progressing: "crawl.site", fresh: "report.export"}
+	for id, typ := range types {
 		db.Insert(t, jobstest.Job{ID: id, Type: typ, Status: jobs.StatusQueued, Queue: q})
 	}
 
@@ -107,7 +111,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	client := asynq.NewClientFromRedisClient(rdb)
 	store := jobs.NewStore(db.Pool)
 	for _, id := range []string{hung, progressing, fresh} {
-		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("e2e", nil), id); err != nil {
+		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask(types[id], nil), id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -231,7 +235,7 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 	client := asynq.NewClientFromRedisClient(rdb)
 	for _, id := range []string{lost, waiting} {
 		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
-		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("e2e", nil), id); err != nil {
+		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("report.export", nil), id); err != nil {
 			t.Fatal(err)
 		}
 		// The attempt that was killed had claimed the job 31 minutes ago.
