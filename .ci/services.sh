@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the services the tests need are installed and answering:
 # PostgreSQL on 127.0.0.1:5432 (user postgres without password, database
-# "test") and Redis on 127.0.0.1:6379. Installs them with apt-get when they
+# "test") and Redis on 127.0.0.1:6379, and the pgbouncer program the
+# pooled-connection tests start. Installs them with apt-get when they
 # are missing, starts them when they are stopped, and leaves running ones
 # alone. Safe to run again and again (.ci/test runs it first).
 set -euo pipefail
@@ -68,4 +69,11 @@ fi
 redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ]; }
 wait_for "Redis on 127.0.0.1:6379" redis_ping
 
-log "PostgreSQL and Redis are up"
+# --- PgBouncer --------------------------------------------------------------
+# Installed only: the pooled-connection tests start their own PgBouncer on a
+# free port, as the postgres user (PgBouncer refuses to run as root).
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+	apt_install pgbouncer
+fi
+
+log "PostgreSQL and Redis are up; PgBouncer is installed"

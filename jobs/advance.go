@@ -30,18 +30,18 @@ type AdvanceResult struct {
 
 const advanceLockSQL = `
 SELECT status, generation, coalesce(failure_reason, ''), "cursor", total
-  FROM jobs WHERE id = $1 FOR UPDATE`
+  FROM {schema}.jobs WHERE id = $1 FOR UPDATE`
 
 const batchByTokenSQL = `
 SELECT generation, expected_cursor, count, cursor_after
-  FROM job_batches WHERE job_id = $1 AND token = $2`
+  FROM {schema}.job_batches WHERE job_id = $1 AND token = $2`
 
 const recordBatchSQL = `
-INSERT INTO job_batches (job_id, token, generation, expected_cursor, count, cursor_after)
+INSERT INTO {schema}.job_batches (job_id, token, generation, expected_cursor, count, cursor_after)
 VALUES (@job_id, @token, @generation, @expected_cursor, @count, @cursor_after)`
 
 const moveCursorSQL = `
-UPDATE jobs SET "cursor" = @cursor_after, updated_at = now()
+UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
  WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation AND "cursor" = @expected_cursor`
 
 // Advance records one batch of resumable progress: the cursor moves from
@@ -90,7 +90,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 		cursor int64
 		total  *int64
 	)
-	err := tx.QueryRow(ctx, advanceLockSQL, lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total)
+	err := tx.QueryRow(ctx, s.q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AdvanceResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}
@@ -102,7 +102,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 	}
 
 	var rec struct{ generation, expected, count, after int64 }
-	err = tx.QueryRow(ctx, batchByTokenSQL, lease.JobID, token).Scan(&rec.generation, &rec.expected, &rec.count, &rec.after)
+	err = tx.QueryRow(ctx, s.q(batchByTokenSQL), lease.JobID, token).Scan(&rec.generation, &rec.expected, &rec.count, &rec.after)
 	switch {
 	case err == nil && rec.expected == expectedCursor && rec.count == count:
 		return AdvanceResult{Cursor: rec.after, Replayed: true, Generation: rec.generation}, done(nil)
@@ -128,10 +128,10 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 
 	after := cursor + count
 	args := namedLease(lease, "token", token, "expected_cursor", expectedCursor, "count", count, "cursor_after", after)
-	if _, err := tx.Exec(ctx, recordBatchSQL, args); err != nil {
+	if _, err := tx.Exec(ctx, s.q(recordBatchSQL), args); err != nil {
 		return AdvanceResult{}, done(fmt.Errorf("recording batch %q of job %s: %w", token, lease.JobID, err))
 	}
-	tag, err := tx.Exec(ctx, moveCursorSQL, args)
+	tag, err := tx.Exec(ctx, s.q(moveCursorSQL), args)
 	if err != nil {
 		return AdvanceResult{}, done(fmt.Errorf("moving the cursor of job %s: %w", lease.JobID, err))
 	}
@@ -150,7 +150,7 @@ func formatTotal(total *int64) string {
 }
 
 const setTotalSQL = `
-UPDATE jobs SET total = @total
+UPDATE {schema}.jobs SET total = @total
  WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation AND "cursor" <= @total`
 
 // SetTotal sets the number of items lease's job covers, for a job whose
@@ -168,7 +168,7 @@ func (s *Store) SetTotal(ctx context.Context, lease Lease, total int64) error {
 	if total < 0 {
 		return done(fmt.Errorf("job %s: total must not be negative, got %d: %w", lease.JobID, total, ErrInvalidArgument))
 	}
-	tag, err := s.db.Exec(ctx, setTotalSQL, namedLease(lease, "total", total))
+	tag, err := s.db.Exec(ctx, s.q(setTotalSQL), namedLease(lease, "total", total))
 	if err != nil {
 		return done(err)
 	}
@@ -179,7 +179,7 @@ func (s *Store) SetTotal(ctx context.Context, lease Lease, total int64) error {
 		return done(err)
 	}
 	var cursor int64
-	if err := s.db.QueryRow(ctx, `SELECT "cursor" FROM jobs WHERE id = $1`, lease.JobID).Scan(&cursor); err != nil {
+	if err := s.db.QueryRow(ctx, s.q(`SELECT "cursor" FROM {schema}.jobs WHERE id = $1`), lease.JobID).Scan(&cursor); err != nil {
 		return done(err)
 	}
 	return done(fmt.Errorf("job %s: total %d is below the cursor %d: %w", lease.JobID, total, cursor, ErrOutOfRange))

@@ -54,7 +54,7 @@ func TestPrepareCascades(t *testing.T) {
 		t.Parallel()
 		db, _ := setup(t, nil)
 		db.Exec(t, `CREATE TABLE parents (id text PRIMARY KEY, pending int NOT NULL, tenant text)`)
-		store := jobs.NewStore(db.Pool, jobs.WithCascades(jobs.Cascades{"video.transcode": {
+		store := db.Store(jobs.WithCascades(jobs.Cascades{"video.transcode": {
 			OnFailed:    []string{`UPDATE parents SET pending = pending - 1 WHERE id = @parent_id AND tenant = @tenant_id`},
 			OnCompleted: []string{`INSERT INTO job_events (job_id, kind, detail) VALUES (@job_id, 'note', jsonb_build_object('type', @type::text))`},
 		}}))
@@ -66,7 +66,7 @@ func TestPrepareCascades(t *testing.T) {
 		t.Parallel()
 		db, _ := setup(t, nil)
 		db.Exec(t, `CREATE TABLE parents (id text PRIMARY KEY, pending int NOT NULL)`)
-		store := jobs.NewStore(db.Pool, jobs.WithCascades(jobs.Cascades{
+		store := db.Store(jobs.WithCascades(jobs.Cascades{
 			"video.transcode": {OnCompleted: []string{
 				`UPDATE parents SET pending = pending - 1 WHERE id = @parent_id`,
 				`UPDATE parent SET pending = pending - 1 WHERE id = @parent_id`,

@@ -10,7 +10,7 @@ import (
 
 const claimSQL = `
 WITH claimed AS (
-    UPDATE jobs
+    UPDATE {schema}.jobs
        SET status = 'PROCESSING',
            generation = generation + 1,
            worker = @worker,
@@ -24,7 +24,7 @@ WITH claimed AS (
  RETURNING id, generation, worker, type, coalesce(queue, ''), coalesce(parent_id, ''),
            coalesce(tenant_id, ''), "cursor", coalesce(total, 0), started_at
 ), event AS (
-    INSERT INTO job_events (job_id, kind, generation, worker, at)
+    INSERT INTO {schema}.job_events (job_id, kind, generation, worker, at)
     SELECT id, 'claimed', generation, worker, now() FROM claimed
 )
 SELECT * FROM claimed`
@@ -41,7 +41,7 @@ SELECT * FROM claimed`
 func (s *Store) Claim(ctx context.Context, jobID string, expectedGeneration int64, worker string) (Lease, error) {
 	ctx, done := s.op(ctx, "Claim")
 	var l Lease
-	err := s.db.QueryRow(ctx, claimSQL, pgx.NamedArgs{
+	err := s.db.QueryRow(ctx, s.q(claimSQL), pgx.NamedArgs{
 		"job_id": jobID, "expected_generation": expectedGeneration, "worker": worker,
 	}).Scan(&l.JobID, &l.Generation, &l.Worker, &l.Type, &l.Queue, &l.ParentID, &l.TenantID, &l.Cursor, &l.Total, &l.StartedAt)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -18,7 +18,7 @@ func TestClaim(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
 		db.Insert(t, jobstest.Job{ID: "j1", Type: "report.export", Status: jobs.StatusQueued, Cursor: 3})
-		store := jobs.NewStore(db.Pool)
+		store := db.Store()
 		lease, err := store.Claim(ctx, "j1", 0, "w1")
 		if err != nil {
 			t.Fatal(err)
@@ -39,7 +39,7 @@ func TestClaim(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
 		db.Insert(t, jobstest.Job{ID: "j1", Type: "report.export", Status: jobs.StatusFailed, Generation: 1})
-		_, err := jobs.NewStore(db.Pool).Claim(ctx, "j1", 1, "w1")
+		_, err := db.Store().Claim(ctx, "j1", 1, "w1")
 		if !errors.Is(err, jobs.ErrClaimLost) {
 			t.Fatalf("err = %v, want ErrClaimLost", err)
 		}
@@ -51,7 +51,7 @@ func TestClaim(t *testing.T) {
 	t.Run("TwoConcurrentClaimsOfOneGenerationHaveExactlyOneWinner", func(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
-		store := jobs.NewStore(db.Pool)
+		store := db.Store()
 		const rounds, racers = 20, 8
 		for r := 0; r < rounds; r++ {
 			id := "race-" + string(rune('a'+r))

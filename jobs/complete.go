@@ -28,7 +28,7 @@ type CompleteResult struct {
 }
 
 const completeSQL = `
-UPDATE jobs SET status = 'COMPLETED', finished_at = now()
+UPDATE {schema}.jobs SET status = 'COMPLETED', finished_at = now()
  WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
 RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 
@@ -54,7 +54,7 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
 	ctx, done := s.op(ctx, "Complete")
 	var ca cascadeArgs
-	err := tx.QueryRow(ctx, completeSQL, namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	err := tx.QueryRow(ctx, s.q(completeSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.completeRefused(ctx, tx, "Complete", lease, done)
 	}
@@ -62,7 +62,7 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteR
 		return CompleteResult{}, done(err)
 	}
 	ca.JobID = lease.JobID
-	if err := appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
+	if err := s.appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
 		return CompleteResult{}, done(err)
 	}
 	if err := s.cascades.runCompleted(ctx, tx, ca); err != nil {
@@ -81,7 +81,7 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteR
 // completeRefused answers a completion UPDATE that matched no row, reading
 // the row through q.
 func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, lease Lease, done func(error) error) (CompleteResult, error) {
-	st, err := readState(ctx, q, lease.JobID)
+	st, err := s.readState(ctx, q, lease.JobID)
 	if err != nil {
 		return CompleteResult{}, done(err)
 	}
@@ -140,7 +140,7 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 }
 
 const checkCompletedSQL = `
-SELECT status, generation, coalesce(failure_reason, '') FROM jobs WHERE id = $1 FOR SHARE`
+SELECT status, generation, coalesce(failure_reason, '') FROM {schema}.jobs WHERE id = $1 FOR SHARE`
 
 // CheckCompleted re-checks, in the caller's transaction tx, that lease's
 // job is COMPLETED by lease's generation, and holds a share lock on the row
@@ -157,7 +157,7 @@ SELECT status, generation, coalesce(failure_reason, '') FROM jobs WHERE id = $1 
 func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) error {
 	ctx, done := s.op(ctx, "CheckCompleted")
 	var st jobState
-	err := tx.QueryRow(ctx, checkCompletedSQL, lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
+	err := tx.QueryRow(ctx, s.q(checkCompletedSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}

@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -27,12 +26,17 @@ var ErrBadSchema = errors.New("schema name must be a plain identifier: letters, 
 // digit, at most 63 bytes).
 func ValidSchema(schema string) bool { return schemaPattern.MatchString(schema) }
 
-// Connect opens a pool to the database at databaseURL whose connections
-// look up tables in schema first (see SearchPath), so every statement of
-// this package reaches the tables of that schema while the product's tables
-// named unqualified in cascades and completion transactions still resolve.
-// The URL's application_name is kept; without one it is "jobreaper". It
-// pings once so that a wrong URL or credentials fail here.
+// Connect opens a pool to the database at databaseURL. It sends no
+// setting as a startup parameter of its own except application_name
+// (the URL's, or "jobreaper" when it sets none), which PgBouncer accepts;
+// in particular it sets no search_path, which a transaction-mode pooler
+// drops or refuses. jobreaper's statements name schema themselves (see
+// WithSchema), so the pool works the same behind such a pooler. Unqualified
+// names in operator cascades and in the caller's completion transactions
+// are the product's: they resolve through the connection's own search_path
+// (the server's or the role's default, usually "$user", public, or a
+// search_path the URL sets, on a direct connection). It pings once so that
+// a wrong URL or credentials fail here.
 //
 // Errors: ErrBadSchema for a malformed schema name; otherwise an error that
 // names the host but never the password of databaseURL.
@@ -45,7 +49,6 @@ func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, er
 		// pgx's parse errors can quote the URL; never pass them on.
 		return nil, fmt.Errorf("jobs.Connect: database URL %s is not a valid PostgreSQL connection string", RedactURL(databaseURL))
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = SearchPath(schema, cfg.ConnConfig.RuntimeParams["search_path"])
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "jobreaper"
 	}
@@ -60,23 +63,6 @@ func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, er
 		return nil, fmt.Errorf("jobs.Connect: cannot connect to PostgreSQL at %s: %w", RedactURL(databaseURL), redactErr(err, cfg.ConnConfig.Password))
 	}
 	return pool, nil
-}
-
-// SearchPath returns the search_path Connect sets: schema first, then the
-// URL's own search_path (urlPath, as PostgreSQL takes it), or "public" when
-// the URL sets none and schema is another one. jobreaper's tables are then
-// found first, and unqualified names of the product's tables resolve as
-// they would without jobreaper.
-func SearchPath(schema, urlPath string) string {
-	first := pgx.Identifier{schema}.Sanitize()
-	switch {
-	case strings.TrimSpace(urlPath) != "":
-		return first + ", " + urlPath
-	case schema == "public":
-		return first
-	default:
-		return first + ", public"
-	}
 }
 
 // RedactURL returns rawURL with any password replaced by "xxxxx", for logs

@@ -60,13 +60,13 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-const readStateSQL = `SELECT status, generation, coalesce(failure_reason, '') FROM jobs WHERE id = $1`
+const readStateSQL = `SELECT status, generation, coalesce(failure_reason, '') FROM {schema}.jobs WHERE id = $1`
 
 // readState reads job id's state through q; it returns an error wrapping
 // ErrNotFound when the row is missing.
-func readState(ctx context.Context, q rowQuerier, id string) (jobState, error) {
+func (s *Store) readState(ctx context.Context, q rowQuerier, id string) (jobState, error) {
 	var st jobState
-	err := q.QueryRow(ctx, readStateSQL, id).Scan(&st.Status, &st.Generation, &st.FailureReason)
+	err := q.QueryRow(ctx, s.q(readStateSQL), id).Scan(&st.Status, &st.Generation, &st.FailureReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -104,7 +104,7 @@ func fenceError(lease Lease, st jobState) error {
 // (nil, st) when the row is PROCESSING at the lease's generation, which
 // callers treat case by case (a heartbeat whose mark did not advance).
 func (s *Store) refuse(ctx context.Context, q rowQuerier, op string, lease Lease) (jobState, error) {
-	st, err := readState(ctx, q, lease.JobID)
+	st, err := s.readState(ctx, q, lease.JobID)
 	if err != nil {
 		return st, err
 	}
@@ -115,7 +115,7 @@ func (s *Store) refuse(ctx context.Context, q rowQuerier, op string, lease Lease
 }
 
 const lateResultSQL = `
-INSERT INTO job_events (job_id, kind, generation, worker, detail)
+INSERT INTO {schema}.job_events (job_id, kind, generation, worker, detail)
 VALUES ($1, 'late_result_rejected', $2, nullif($3, ''), $4)`
 
 // rejectLate appends a late_result_rejected event for the refused write op
@@ -137,7 +137,7 @@ func (s *Store) rejectLate(ctx context.Context, op string, lease Lease, st jobSt
 	})
 	if err == nil {
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opTimeout)
-		_, err = s.events.Exec(ectx, lateResultSQL, lease.JobID, lease.Generation, lease.Worker, detail)
+		_, err = s.events.Exec(ectx, s.q(lateResultSQL), lease.JobID, lease.Generation, lease.Worker, detail)
 		cancel()
 	}
 	if err != nil {
@@ -147,17 +147,17 @@ func (s *Store) rejectLate(ctx context.Context, op string, lease Lease, st jobSt
 }
 
 const appendEventSQL = `
-INSERT INTO job_events (job_id, kind, generation, worker, detail)
+INSERT INTO {schema}.job_events (job_id, kind, generation, worker, detail)
 VALUES ($1, $2, $3, nullif($4, ''), coalesce($5::jsonb, '{}'))`
 
 // appendEvent writes an event of kind for lease in tx, the transaction that
 // changed the job, so that the event commits with the change or not at all.
-func appendEvent(ctx context.Context, tx pgx.Tx, kind string, lease Lease, detail []byte) error {
+func (s *Store) appendEvent(ctx context.Context, tx pgx.Tx, kind string, lease Lease, detail []byte) error {
 	var d any
 	if detail != nil {
 		d = string(detail)
 	}
-	_, err := tx.Exec(ctx, appendEventSQL, lease.JobID, kind, lease.Generation, lease.Worker, d)
+	_, err := tx.Exec(ctx, s.q(appendEventSQL), lease.JobID, kind, lease.Generation, lease.Worker, d)
 	return err
 }
 

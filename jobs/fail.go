@@ -45,7 +45,7 @@ func CheckFailureCode(code string) error {
 }
 
 const failSQL = `
-UPDATE jobs SET status = 'FAILED', failure_reason = @code, finished_at = now()
+UPDATE {schema}.jobs SET status = 'FAILED', failure_reason = @code, finished_at = now()
  WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
 RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 
@@ -71,7 +71,7 @@ func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
 	matched := false
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var ca cascadeArgs
-		err := tx.QueryRow(ctx, failSQL, namedLease(lease, "code", code)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+		err := tx.QueryRow(ctx, s.q(failSQL), namedLease(lease, "code", code)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -83,7 +83,7 @@ func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
 		if err != nil {
 			return err
 		}
-		if err := appendEvent(ctx, tx, EventFailed, lease, detail); err != nil {
+		if err := s.appendEvent(ctx, tx, EventFailed, lease, detail); err != nil {
 			return err
 		}
 		ca.JobID = lease.JobID

@@ -199,7 +199,7 @@ func (h *Heartbeater) Stats() HeartbeatStats {
 // heartbeat changes neither status nor generation.
 const heartbeatSQL = `
 WITH beat AS (
-    UPDATE jobs
+    UPDATE {schema}.jobs
        SET updated_at = now(), progress_mark = @progress
      WHERE id = @job_id
        AND status = 'PROCESSING'
@@ -208,7 +208,7 @@ WITH beat AS (
  RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM beat), status, generation, coalesce(failure_reason, '')
-  FROM jobs WHERE id = @job_id`
+  FROM {schema}.jobs WHERE id = @job_id`
 
 // heartbeat is the fenced heartbeat write, unthrottled: only Heartbeater
 // calls it.
@@ -218,7 +218,7 @@ func (s *Store) heartbeat(ctx context.Context, lease Lease, progress int64) (boo
 		written bool
 		st      jobState
 	)
-	err := s.db.QueryRow(ctx, heartbeatSQL, namedLease(lease, "progress", progress)).
+	err := s.db.QueryRow(ctx, s.q(heartbeatSQL), namedLease(lease, "progress", progress)).
 		Scan(&written, &st.Status, &st.Generation, &st.FailureReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))

@@ -39,7 +39,7 @@ func setup(t *testing.T, cascades jobs.Cascades) (*jobstest.DB, *jobs.Store) {
 	t.Helper()
 	db := jobstest.New(t)
 	baselineTypes(t, db)
-	return db, jobs.NewStore(db.Pool, jobs.WithCascades(cascades))
+	return db, db.Store(jobs.WithCascades(cascades))
 }
 
 // claim claims job id at expected generation for worker.

@@ -30,16 +30,3 @@ func TestIntervalDuration(t *testing.T) {
 		})
 	}
 }
-
-func TestSearchPath(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ schema, url, want string }{
-		{"public", "", `"public"`},
-		{"jobreaper", "", `"jobreaper", public`},
-		{"jobreaper", "app, extensions", `"jobreaper", app, extensions`},
-	} {
-		if got := jobs.SearchPath(tc.schema, tc.url); got != tc.want {
-			t.Errorf("SearchPath(%q, %q) = %q, want %q", tc.schema, tc.url, got, tc.want)
-		}
-	}
-}

@@ -12,7 +12,7 @@ import (
 const LostCandidatesLimitDefault = 500
 
 const lostCandidatesSQL = `SELECT ` + snapshotColumns + `
-  FROM jobs j JOIN job_types t ON t.name = j.type
+  FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.queue = ANY(@queues)
    AND NOT EXISTS (SELECT 1 FROM unnest(@active::text[]) AS a(id) WHERE a.id = j.id)
    AND ` + StallPredicate + `
@@ -49,7 +49,7 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 	if p.Limit <= 0 {
 		args["limit"] = LostCandidatesLimitDefault
 	}
-	rows, err := s.db.Query(ctx, lostCandidatesSQL, args)
+	rows, err := s.db.Query(ctx, s.q(lostCandidatesSQL), args)
 	if err != nil {
 		return nil, done(err)
 	}

@@ -28,8 +28,8 @@ type MissingMarker struct {
 // It returns a wrapped driver error when PostgreSQL fails.
 func (s *Store) MarkMarkerSet(ctx context.Context, jobID string, generation int64) error {
 	ctx, done := s.op(ctx, "MarkMarkerSet")
-	_, err := s.db.Exec(ctx, `UPDATE jobs SET marker_set_at = now()
- WHERE id = $1 AND generation = $2 AND status = 'FAILED' AND marker_set_at IS NULL`, jobID, generation)
+	_, err := s.db.Exec(ctx, s.q(`UPDATE {schema}.jobs SET marker_set_at = now()
+ WHERE id = $1 AND generation = $2 AND status = 'FAILED' AND marker_set_at IS NULL`), jobID, generation)
 	return done(err)
 }
 
@@ -44,11 +44,11 @@ func (s *Store) ListMissingMarkers(ctx context.Context, now time.Time, within ti
 	if limit <= 0 {
 		limit = MarkerRepairLimitDefault
 	}
-	rows, err := s.db.Query(ctx, `SELECT id, generation, finished_at FROM jobs
+	rows, err := s.db.Query(ctx, s.q(`SELECT id, generation, finished_at FROM {schema}.jobs
  WHERE status = 'FAILED' AND marker_set_at IS NULL AND failure_reason IN ('stalled', 'lost_task')
    AND finished_at > $1::timestamptz - $2::interval
  ORDER BY finished_at, id
- LIMIT $3`, now, Interval(within), limit)
+ LIMIT $3`), now, Interval(within), limit)
 	if err != nil {
 		return nil, done(err)
 	}

@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"path"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
+	"github.com/pressly/goose/v3/database"
 )
 
 //go:embed migrations/*.sql
@@ -25,10 +28,33 @@ var migrationFiles embed.FS
 // advisory lock derived from the schema name, so two sidecars starting at
 // once do not race.
 //
+// It relies on no search_path: each migration runs in its own transaction
+// that begins with SET LOCAL search_path to schema alone, and goose's
+// version table is named with its schema. The lock is a transaction-level
+// advisory lock held by one open transaction for the whole run, so Migrate
+// works the same on a direct connection and through a transaction-mode
+// pooler (where a session-level lock or SET would land on whichever server
+// connection the pooler picked).
+//
 // It returns the versions applied (empty when the schema was current) and an
 // error wrapping the driver's when PostgreSQL cannot be reached or a
 // migration fails.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, error) {
+	if !ValidSchema(schema) {
+		return nil, fmt.Errorf("jobs.Migrate: schema %q: %w", schema, ErrBadSchema)
+	}
+	// The lock transaction stays open (holding its server connection, even
+	// behind a pooler) until every migration has committed.
+	lockTx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jobs.Migrate: %w", err)
+	}
+	defer func() { _ = lockTx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := lockTx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrateLockID(schema)); err != nil {
+		return nil, fmt.Errorf("jobs.Migrate: waiting for the migration lock of schema %q: %w", schema, err)
+	}
+	// Created after the lock: two concurrent CREATE SCHEMA IF NOT EXISTS
+	// can both try to insert it, and one fails.
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("jobs.Migrate: creating schema %q: %w", schema, err)
 	}
@@ -42,6 +68,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, e
 	if err != nil {
 		return nil, fmt.Errorf("jobs.Migrate: applying migrations to schema %q: %w", schema, err)
 	}
+	if err := lockTx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("jobs.Migrate: releasing the migration lock of schema %q: %w", schema, err)
+	}
 	applied := make([]int64, 0, len(results))
 	for _, r := range results {
 		applied = append(applied, r.Source.Version)
@@ -53,60 +82,120 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, e
 // records the applied migrations.
 const SchemaVersionTable = "jobreaper_schema_version"
 
-// newProvider returns the goose provider of this package's embedded
-// migrations for schema. Concurrent Ups against one schema serialise on a
-// PostgreSQL advisory lock derived from the schema name.
-func newProvider(db *sql.DB, schema string) (*goose.Provider, error) {
-	sub, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
+// migrateLockID is the advisory lock key of Migrate for schema. Earlier
+// versions took the same key as a session lock; session and transaction
+// advisory locks share one key space, so old and new binaries still
+// exclude each other.
+func migrateLockID(schema string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("jobreaper:" + schema))
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(int64(h.Sum64() >> 1)))
+	return int64(h.Sum64() >> 1)
+}
+
+// newProvider returns the goose provider of this package's embedded
+// migrations for schema. Each file becomes a migration that runs, in its
+// own transaction, SET LOCAL search_path to schema and then the file's Up
+// section, so its unqualified names land in schema whatever the
+// connection's search_path. A file that asks for no transaction is
+// refused: it could not be confined to schema this way.
+func newProvider(db *sql.DB, schema string) (*goose.Provider, error) {
+	migrations, err := schemaMigrations(schema)
 	if err != nil {
 		return nil, err
 	}
-	return goose.NewProvider(goose.DialectPostgres, db, sub,
-		goose.WithSessionLocker(locker),
-		goose.WithTableName(SchemaVersionTable),
+	inner, err := database.NewStore(database.DialectPostgres, pgx.Identifier{schema, SchemaVersionTable}.Sanitize())
+	if err != nil {
+		return nil, err
+	}
+	return goose.NewProvider(goose.DialectCustom, db, nil,
+		goose.WithStore(versionStore{Store: inner}),
+		goose.WithGoMigrations(migrations...),
 		goose.WithDisableGlobalRegistry(true),
 	)
 }
 
-// ErrNotMigrated is returned by CheckMigrated when the schema lacks
-// migrations this binary ships: run Migrate (jobreaper migrate) first.
+// versionStore is goose's PostgreSQL version store under a quoted,
+// schema-qualified table name. Its TableExists asks to_regclass about that
+// name: goose's own check splits the name on "." and compares the quoted
+// parts with pg_tables verbatim, which never matches.
+type versionStore struct{ database.Store }
+
+func (v versionStore) TableExists(ctx context.Context, db database.DBTxConn) (bool, error) {
+	var exists bool
+	err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, v.Tablename()).Scan(&exists)
+	return exists, err
+}
+
+// schemaMigrations turns the embedded migration files into goose
+// migrations confined to schema (see newProvider).
+func schemaMigrations(schema string) ([]*goose.Migration, error) {
+	files, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	setPath := "SET LOCAL search_path TO " + pgx.Identifier{schema}.Sanitize()
+	out := make([]*goose.Migration, 0, len(files))
+	for _, name := range files {
+		base := path.Base(name)
+		version, err := strconv.ParseInt(strings.SplitN(base, "_", 2)[0], 10, 64)
+		if err != nil || version < 1 {
+			return nil, fmt.Errorf("migration %s: the name must start with a positive version number", base)
+		}
+		text, err := migrationFiles.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		up, down, err := splitMigration(string(text))
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", base, err)
+		}
+		run := func(body string) *goose.GoFunc {
+			return &goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+				if _, err := tx.ExecContext(ctx, setPath); err != nil {
+					return err
+				}
+				// No arguments: pgx sends the text with the simple
+				// protocol, several statements in one round trip.
+				_, err := tx.ExecContext(ctx, body)
+				return err
+			}}
+		}
+		out = append(out, goose.NewGoMigration(version, run(up), run(down)))
+	}
+	return out, nil
+}
+
+// splitMigration returns the Up and Down sections of a goose SQL file.
+func splitMigration(text string) (up, down string, err error) {
+	if strings.Contains(text, "-- +goose NO TRANSACTION") {
+		return "", "", errors.New("runs without a transaction, which Migrate does not support")
+	}
+	_, rest, ok := strings.Cut(text, "-- +goose Up")
+	if !ok {
+		return "", "", errors.New(`has no "-- +goose Up" line`)
+	}
+	up, down, _ = strings.Cut(rest, "-- +goose Down")
+	return up, down, nil
+}
+
+// ErrNotMigrated is returned by CheckMigrated and Store.CheckSchema when
+// the schema lacks jobreaper's tables or migrations this binary ships: run
+// Migrate (jobreaper migrate --schema <name>) first.
 var ErrNotMigrated = errors.New("schema is not migrated to this version of jobreaper")
 
-// CheckMigrated returns nil when schema has every migration this binary
-// ships, an error wrapping ErrNotMigrated that names the versions when it
-// does not (or has none), and a wrapped driver error when PostgreSQL
-// fails. It writes nothing: the daemon calls it at start so that a
-// forgotten migration stops it there instead of failing every pass.
+// CheckMigrated returns nil when schema has jobreaper's tables and every
+// migration this binary ships; an error wrapping ErrNotMigrated that names
+// the schema, the missing tables or versions, and the command to run when
+// it does not; ErrBadSchema for a malformed name; and a wrapped driver
+// error when PostgreSQL fails. It writes nothing and names every table
+// with its schema, so it answers the same behind a transaction-mode pooler
+// (where every connection reports public as its current schema): the
+// daemon calls it at start so that a wrong --schema or a forgotten
+// migration stops it there instead of failing every pass. Store.CheckSchema
+// is the same check for the worker side.
 func CheckMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL`,
-		schema, SchemaVersionTable).Scan(&exists); err != nil {
+	if err := checkSchema(ctx, pool, schema); err != nil {
 		return fmt.Errorf("jobs.CheckMigrated: %w", err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	provider, err := newProvider(db, schema)
-	if err != nil {
-		return fmt.Errorf("jobs.CheckMigrated: %w", err)
-	}
-	sources := provider.ListSources()
-	latest := sources[len(sources)-1].Version
-	if !exists {
-		return fmt.Errorf("jobs.CheckMigrated: schema %q has no jobreaper tables (this binary ships version %d): %w", schema, latest, ErrNotMigrated)
-	}
-	var current int64
-	if err := pool.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM `+
-		pgx.Identifier{schema, SchemaVersionTable}.Sanitize()+` WHERE is_applied`).Scan(&current); err != nil {
-		return fmt.Errorf("jobs.CheckMigrated: %w", err)
-	}
-	if current < latest {
-		return fmt.Errorf("jobs.CheckMigrated: schema %q is at version %d, this binary needs %d: %w", schema, current, latest, ErrNotMigrated)
 	}
 	return nil
 }

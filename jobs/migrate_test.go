@@ -50,3 +50,95 @@ func TestCheckMigrated(t *testing.T) {
 		}
 	})
 }
+
+func TestStoreCheckSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("MigratedSchemaPasses", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		if err := db.Store().CheckSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("WrongSchemaNameIsRefusedNamingTheSchemaAndTheFix", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		wrong := db.Schema + "_typo"
+		err := jobs.NewStore(db.Pool, jobs.WithSchema(wrong)).CheckSchema(ctx)
+		if !errors.Is(err, jobs.ErrNotMigrated) {
+			t.Fatalf("err = %v, want ErrNotMigrated", err)
+		}
+		for _, want := range []string{`schema "` + wrong + `" has no jobreaper tables`, "jobreaper migrate --schema " + wrong} {
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("err = %q, want it to say %q", err, want)
+			}
+		}
+	})
+
+	t.Run("SchemaMissingOneTableNamesIt", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		db.Exec(t, "DROP TABLE "+db.Table("job_batches"))
+		err := db.Store().CheckSchema(ctx)
+		if !errors.Is(err, jobs.ErrNotMigrated) || !strings.Contains(err.Error(), "lacks jobreaper's tables job_batches;") {
+			t.Fatalf("err = %v, want ErrNotMigrated naming job_batches", err)
+		}
+	})
+
+	t.Run("MalformedNameIsErrBadSchema", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		err := jobs.NewStore(db.Pool, jobs.WithSchema(`x"; DROP TABLE jobs; --`)).CheckSchema(ctx)
+		if !errors.Is(err, jobs.ErrBadSchema) {
+			t.Fatalf("err = %v, want ErrBadSchema", err)
+		}
+		if db.Count(t, `SELECT count(*) FROM `+db.Table("jobs")) != 0 {
+			t.Fatal("jobs table changed")
+		}
+	})
+}
+
+// Migrate puts every table, goose's record included, in the schema it is
+// given even when the connection's search_path names only public: it sets
+// its own search_path inside each migration's transaction.
+func TestMigrateIgnoresTheConnectionsSearchPath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := jobstest.SchemaName(t)
+	pool, err := jobs.Connect(ctx, jobstest.DatabaseURL(), schema) // search_path: the server's default
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		pool.Close()
+	})
+	var current string
+	if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil || current != "public" {
+		t.Fatalf("current_schema() = %q (err %v), want public: the test needs a connection without the schema on its path", current, err)
+	}
+	applied, err := jobs.Migrate(ctx, pool, schema)
+	if err != nil || len(applied) != 2 {
+		t.Fatalf("Migrate applied %v (err %v), want versions 1 and 2", applied, err)
+	}
+	for _, table := range []string{"jobs", "job_types", "job_events", "job_batches", jobs.SchemaVersionTable} {
+		var inSchema, inPublic bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL,
+       to_regclass(format('public.%I', $2::text)) IS NOT NULL`, schema, table).Scan(&inSchema, &inPublic); err != nil {
+			t.Fatal(err)
+		}
+		if !inSchema || inPublic {
+			t.Errorf("table %s: in %s = %v (want true), in public = %v (want false)", table, schema, inSchema, inPublic)
+		}
+	}
+	if err := jobs.CheckMigrated(ctx, pool, schema); err != nil {
+		t.Fatalf("CheckMigrated after Migrate: %v", err)
+	}
+	again, err := jobs.Migrate(ctx, pool, schema)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("second Migrate applied %v (err %v), want nothing", again, err)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 
@@ -55,12 +54,12 @@ SELECT 'j' || i, $1, 'QUEUED', 'p' || i, 't1' FROM generate_series(1, $2::int) i
 
 	// Races run raceLanes at a time (distinct jobs) on a pool with room for
 	// each lane's reap, completion and late_result_rejected connections.
-	pool, err := jobs.Connect(ctx, jobstest.DatabaseURL()+urlSep()+"pool_max_conns=16", db.Schema)
+	pool, err := jobs.Connect(ctx, db.URL+"&pool_max_conns=16", db.Schema)
 	requireNoErr(t, err)
 	t.Cleanup(pool.Close)
 	wide := *db
 	wide.Pool = pool
-	store = jobs.NewStore(pool, jobs.WithCascades(f.cascades))
+	store = jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithCascades(f.cascades))
 
 	const raceLanes = 4
 	var (
@@ -156,14 +155,6 @@ func raceOne(ctx context.Context, store *jobs.Store, db *jobstest.DB, f raceFlow
 		return "", fmt.Errorf("race %s: reaped = %v, status %s, worker error %v", lease.JobID, reaped, status, workErr)
 	}
 	return status, nil
-}
-
-// urlSep is the separator that appends a parameter to the test database URL.
-func urlSep() string {
-	if strings.Contains(jobstest.DatabaseURL(), "?") {
-		return "&"
-	}
-	return "?"
 }
 
 func TestLateCompletionRacedAgainstReap(t *testing.T) {

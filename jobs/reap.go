@@ -65,9 +65,9 @@ const StallPredicate = `
 // reapSQL is the reap's compare-and-set. marker_set_at is cleared: this
 // reap's marker is not written yet.
 const reapSQL = `
-UPDATE jobs j
+UPDATE {schema}.jobs j
    SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = NULL
-  FROM job_types t
+  FROM {schema}.job_types t
  WHERE j.id = @job_id
    AND t.name = j.type
    AND j.generation = @generation
@@ -143,7 +143,7 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 			cascade                      cascadeArgs
 			runUS, idleUS, maxUS, stalUS int64
 		)
-		err := tx.QueryRow(ctx, reapSQL, args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
+		err := tx.QueryRow(ctx, s.q(reapSQL), args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
 			&cascade.ParentID, &cascade.TenantID, &ev.StartedAt, &ev.UpdatedAt,
 			&runUS, &idleUS, &maxUS, &stalUS, &ev.DBNow)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -160,8 +160,8 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO job_events (job_id, kind, generation, worker, detail)
-VALUES ($1, 'reaped', $2, nullif($3, ''), $4)`, p.JobID, ev.Generation, ev.Worker, detail); err != nil {
+		if _, err := tx.Exec(ctx, s.q(`INSERT INTO {schema}.job_events (job_id, kind, generation, worker, detail)
+VALUES ($1, 'reaped', $2, nullif($3, ''), $4)`), p.JobID, ev.Generation, ev.Worker, detail); err != nil {
 			return err
 		}
 		cascade.JobID = p.JobID

@@ -22,7 +22,7 @@ func stalledJob(t *testing.T, db *jobstest.DB, id string) (*jobs.Store, jobs.Sna
 	db.JobType(t, "report.export", "30 minutes", "", "")
 	db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Worker: "w1",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	store := jobs.NewStore(db.Pool)
+	store := db.Store()
 	snap, err := store.Get(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)

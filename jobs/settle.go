@@ -13,7 +13,7 @@ import (
 // a job whose handler returned success without calling Complete.
 
 const releaseSQL = `
-UPDATE jobs SET status = 'QUEUED'
+UPDATE {schema}.jobs SET status = 'QUEUED'
  WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation`
 
 // Release hands lease's job back to the queue after an error asynq will
@@ -31,12 +31,12 @@ func (s *Store) Release(ctx context.Context, lease Lease) error {
 	ctx, done := s.op(ctx, "Release")
 	matched := false
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, releaseSQL, namedLease(lease))
+		tag, err := tx.Exec(ctx, s.q(releaseSQL), namedLease(lease))
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
 		matched = true
-		return appendEvent(ctx, tx, EventReleased, lease, nil)
+		return s.appendEvent(ctx, tx, EventReleased, lease, nil)
 	})
 	if err != nil || matched {
 		return done(err)
@@ -49,15 +49,15 @@ func (s *Store) Release(ctx context.Context, lease Lease) error {
 }
 
 const autoCompleteSQL = `
-UPDATE jobs j SET status = 'COMPLETED', finished_at = now()
-  FROM job_types t
+UPDATE {schema}.jobs j SET status = 'COMPLETED', finished_at = now()
+  FROM {schema}.job_types t
  WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation
    AND t.name = j.type AND t.auto_complete
 RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, '')`
 
 const autoStateSQL = `
 SELECT j.status, j.generation, coalesce(j.failure_reason, ''), coalesce(t.auto_complete, false)
-  FROM jobs j LEFT JOIN job_types t ON t.name = j.type
+  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.id = $1`
 
 // AutoComplete settles a handler that returned success: it completes
@@ -81,7 +81,7 @@ func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, 
 	matched := false
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var ca cascadeArgs
-		err := tx.QueryRow(ctx, autoCompleteSQL, namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+		err := tx.QueryRow(ctx, s.q(autoCompleteSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -89,7 +89,7 @@ func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, 
 			return err
 		}
 		matched = true
-		if err := appendEvent(ctx, tx, EventCompleted, lease, []byte(`{"auto_complete": true}`)); err != nil {
+		if err := s.appendEvent(ctx, tx, EventCompleted, lease, []byte(`{"auto_complete": true}`)); err != nil {
 			return err
 		}
 		ca.JobID = lease.JobID
@@ -105,7 +105,7 @@ func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, 
 		st   jobState
 		auto bool
 	)
-	err = s.db.QueryRow(ctx, autoStateSQL, lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &auto)
+	err = s.db.QueryRow(ctx, s.q(autoStateSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &auto)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}

@@ -73,9 +73,9 @@ func (s *Store) LoadForTasks(ctx context.Context, ids []string) (map[string]Snap
 
 func (s *Store) loadBatch(ctx context.Context, ids []string, out map[string]Snapshot) error {
 	ctx, done := s.op(ctx, "LoadForTasks")
-	rows, err := s.db.Query(ctx, `SELECT `+snapshotColumns+`
-  FROM jobs j LEFT JOIN job_types t ON t.name = j.type
- WHERE j.id = ANY($1)`, ids)
+	rows, err := s.db.Query(ctx, s.q(`SELECT `+snapshotColumns+`
+  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
+ WHERE j.id = ANY($1)`), ids)
 	if err != nil {
 		return done(err)
 	}
@@ -93,9 +93,9 @@ func (s *Store) loadBatch(ctx context.Context, ids []string, out map[string]Snap
 // ErrNotFound when no row has that ID.
 func (s *Store) Get(ctx context.Context, id string) (Snapshot, error) {
 	ctx, done := s.op(ctx, "Get")
-	rows, err := s.db.Query(ctx, `SELECT `+snapshotColumns+`
-  FROM jobs j LEFT JOIN job_types t ON t.name = j.type
- WHERE j.id = $1`, id)
+	rows, err := s.db.Query(ctx, s.q(`SELECT `+snapshotColumns+`
+  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
+ WHERE j.id = $1`), id)
 	if err != nil {
 		return Snapshot{}, done(err)
 	}

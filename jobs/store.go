@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,16 +28,30 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Store runs jobreaper's statements against one schema (chosen by the
-// connection's search_path, see Connect).
+// Store runs jobreaper's statements against one schema, set by WithSchema.
+// Every statement names that schema itself ("schema".jobs), so the Store
+// works the same on a direct connection and behind a transaction-mode
+// pooler such as PgBouncer, where a search_path set by the client does not
+// survive (see Connect).
 type Store struct {
 	db DB
+	// schema is the schema of jobreaper's tables, as given; ident is its
+	// quoted identifier that q writes for {schema}.
+	schema, ident string
+	// rendered caches q's output per statement text: copy on write, so
+	// the hot path reads it without a lock or an allocation.
+	rendered   atomic.Pointer[map[string]string]
+	renderedMu sync.Mutex
 	// events receives late_result_rejected events, outside the caller's
 	// transaction that a refused write leaves to be rolled back.
 	events    DB
 	opTimeout time.Duration
 	cascades  Cascades
 }
+
+// schemaPlaceholder is what statements of this package write where the
+// Store's schema goes: {schema}.jobs, {schema}.job_types, ...
+const schemaPlaceholder = "{schema}"
 
 // StoreOption configures a Store.
 type StoreOption func(*Store)
@@ -46,6 +63,15 @@ func WithOpTimeout(d time.Duration) StoreOption {
 			s.opTimeout = d
 		}
 	}
+}
+
+// WithSchema sets the schema of jobreaper's tables (default SchemaDefault,
+// "public"). Every statement of the Store names it, quoted, so a name is
+// never read as SQL; a name that breaks ValidSchema (Connect's and the
+// config's rule) is reported by Store.CheckSchema as ErrBadSchema, and the
+// daemon and the worker wiring call that check at start.
+func WithSchema(name string) StoreOption {
+	return func(s *Store) { s.schema = name }
 }
 
 // WithCascades makes the Store run each job type's on_failed and
@@ -71,10 +97,12 @@ func WithEventsDB(events DB) StoreOption {
 
 // NewStore returns a Store over db.
 func NewStore(db DB, opts ...StoreOption) *Store {
-	s := &Store{db: db, opTimeout: OpTimeoutDefault}
+	s := &Store{db: db, opTimeout: OpTimeoutDefault, schema: SchemaDefault}
 	for _, o := range opts {
 		o(s)
 	}
+	s.ident = pgx.Identifier{s.schema}.Sanitize()
+	s.rendered.Store(&map[string]string{})
 	if s.events == nil {
 		s.events = s.db
 	}
@@ -83,6 +111,33 @@ func NewStore(db DB, opts ...StoreOption) *Store {
 
 // DB returns the database handle the Store runs on.
 func (s *Store) DB() DB { return s.db }
+
+// Schema returns the schema of jobreaper's tables the Store's statements
+// name (WithSchema; SchemaDefault when not set).
+func (s *Store) Schema() string { return s.schema }
+
+// q returns sql with every {schema} replaced by the Store's quoted schema
+// identifier. Every statement of this package about jobreaper's own tables
+// goes through it before it is sent; operator cascades do not (their
+// unqualified names are the product's, resolved by the connection's
+// search_path). The rendered text is cached per statement, so a call
+// after the first neither locks nor allocates.
+func (s *Store) q(sql string) string {
+	if out, ok := (*s.rendered.Load())[sql]; ok {
+		return out
+	}
+	out := strings.ReplaceAll(sql, schemaPlaceholder, s.ident)
+	s.renderedMu.Lock()
+	defer s.renderedMu.Unlock()
+	old := *s.rendered.Load()
+	next := make(map[string]string, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[sql] = out
+	s.rendered.Store(&next)
+	return out
+}
 
 // op gives one operation its own timeout. Its done func maps the error: it
 // names the operation, says when the operation's own timeout fired (still

@@ -66,7 +66,7 @@ func TestCase_B19_RedeliveredReapedTaskIsRefused(t *testing.T) {
 			t.Fatalf("setting the marker: set %v, err %v", set, err)
 		}
 		h := &recorder{}
-		g := NewGuard(jobs.NewStore(db.Pool), markers, WithWorker("W2"), WithLogger(testLogger(t)))
+		g := NewGuard(db.Store(), markers, WithWorker("W2"), WithLogger(testLogger(t)))
 		mux := asynq.NewServeMux()
 		mux.Use(g.Middleware())
 		mux.Handle("report.export", h)

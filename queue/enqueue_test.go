@@ -29,7 +29,7 @@ func setupEnqueue(t *testing.T, rc *redis.Client) *enqueueBundle {
 	db.JobType(t, "crawl.site", "60 minutes", "", "")
 	return &enqueueBundle{
 		db:     db,
-		store:  jobs.NewStore(db.Pool),
+		store:  db.Store(),
 		client: asynq.NewClientFromRedisClient(rc),
 		insp:   asynq.NewInspectorFromRedisClient(rc),
 	}

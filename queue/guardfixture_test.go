@@ -41,7 +41,7 @@ func setupGuard(t *testing.T) *guardBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &guardBundle{db: db, store: jobs.NewStore(db.Pool), mr: mr, rc: c, markers: markers, reg: prometheus.NewRegistry()}
+	return &guardBundle{db: db, store: db.Store(), mr: mr, rc: c, markers: markers, reg: prometheus.NewRegistry()}
 }
 
 // guard returns a Guard named worker over the bundle's store and markers

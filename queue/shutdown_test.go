@@ -46,7 +46,7 @@ func shutdownOnLastAttempt(t *testing.T, returnNil, autoComplete bool) {
 	deleteQueueAtCleanup(t, rc, q)
 	id := unique(t, "J18-")
 	db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
-	store := jobs.NewStore(db.Pool)
+	store := db.Store()
 	markers, err := NewMarkerStore(rc)
 	if err != nil {
 		t.Fatal(err)

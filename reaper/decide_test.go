@@ -83,7 +83,7 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			id, typ := fmt.Sprintf("job-%d", i), fmt.Sprintf("type-%d", i)
 			insertBoundaryRow(t, tx, tc, id, typ)
 
-			store := jobs.NewStore(tx)
+			store := jobs.NewStore(tx, jobs.WithSchema(db.Schema))
 			now, err := store.Now(ctx)
 			if err != nil {
 				t.Fatal(err)

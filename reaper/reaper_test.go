@@ -108,7 +108,7 @@ func setup(t *testing.T, opts ...func(*reaper.Options)) *bundle {
 	for _, f := range opts {
 		f(&o)
 	}
-	b.reaper = reaper.New(jobs.NewStore(db.Pool), b.lister, b.markers, o)
+	b.reaper = reaper.New(db.Store(), b.lister, b.markers, o)
 	return b
 }
 
@@ -233,7 +233,7 @@ func TestRunOnce(t *testing.T) {
 		b := setup(t)
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
-		r := reaper.New(jobs.NewStore(b.db.Pool), b.lister, brokenMarkers{},
+		r := reaper.New(b.db.Store(), b.lister, brokenMarkers{},
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
 		res, err := r.RunOnce(ctx)
 		if err != nil || res.Reaped != 1 || res.Errors != 1 {
@@ -246,7 +246,7 @@ func TestRunOnce(t *testing.T) {
 		// of its 7 days (here the reap is 2 hours old), and records it.
 		b.db.Exec(t, `UPDATE jobs SET finished_at = finished_at - interval '2 hours' WHERE id = 'J1'`)
 		counting := &countingMarkers{MarkerStore: b.markers}
-		r = reaper.New(jobs.NewStore(b.db.Pool), b.lister, counting,
+		r = reaper.New(b.db.Store(), b.lister, counting,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
 		if res, err := r.RunOnce(ctx); err != nil || res.Errors != 0 || res.Reaped != 0 {
 			t.Fatalf("repair pass result = %+v, err = %v", res, err)
@@ -283,7 +283,7 @@ func TestRunOnce(t *testing.T) {
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
 		// The job progresses between the pass's read and its reap.
-		store := &progressingStore{Store: jobs.NewStore(b.db.Pool), db: b.db, t: t}
+		store := &progressingStore{Store: b.db.Store(), db: b.db, t: t}
 		r := reaper.New(store, b.lister, b.markers,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
 		res, err := r.RunOnce(ctx)

@@ -45,7 +45,7 @@ func startWorker(t *testing.T, db *jobstest.DB, rdb *redis.Client, q, name strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	guard := queue.NewGuard(jobs.NewStore(db.Pool), markers, queue.WithWorker(name))
+	guard := queue.NewGuard(db.Store(), markers, queue.WithWorker(name))
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Queues:          map[string]int{q: 1},
 		Concurrency:     4,
@@ -109,7 +109,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 		}
 	})
 	client := asynq.NewClientFromRedisClient(rdb)
-	store := jobs.NewStore(db.Pool)
+	store := db.Store()
 	for _, id := range []string{hung, progressing, fresh} {
 		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask(types[id], nil), id); err != nil {
 			t.Fatal(err)
@@ -231,7 +231,7 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 		rdb.Del(context.Background(), queue.MarkerKey(lost), queue.MarkerKey(waiting))
 	})
 	db.JobType(t, "report.export", "30 minutes", "", "")
-	store := jobs.NewStore(db.Pool)
+	store := db.Store()
 	client := asynq.NewClientFromRedisClient(rdb)
 	for _, id := range []string{lost, waiting} {
 		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})

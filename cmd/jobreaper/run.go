@@ -136,7 +136,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		closeAll()
 		return nil, cannotRun("%v; check --page-size", err)
 	}
-	store := jobs.NewStore(pool, jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))
+	store := jobs.NewStore(pool, jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))
 	// A misspelt table in a cascade fails here, not at the first reap, and
 	// so does a statement that would end the reap's transaction (ROLLBACK).
 	if err := store.PrepareCascades(ctx); err != nil {

@@ -110,17 +110,20 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 	return pool, nil
 }
 
-// requireMigrated checks that the schema has every migration this binary
-// ships, so that a forgotten `jobreaper migrate` is reported before any
-// pass instead of failing each one.
+// requireMigrated checks that the configured schema holds jobreaper's
+// tables and every migration this binary ships, looking each table up by
+// its qualified name (so the answer holds behind a transaction-mode
+// pooler), so that a wrong --schema or a forgotten `jobreaper migrate` is
+// reported before any pass instead of failing each one.
 func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
 	defer cancel()
 	err := jobs.CheckMigrated(ctx, pool, cfg.Schema)
 	switch {
 	case errors.Is(err, jobs.ErrNotMigrated):
-		return cannotRun("%s of PostgreSQL database %s; run `jobreaper migrate` with the same --database-url and --schema first",
-			strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), jobs.RedactURL(cfg.DatabaseURL))
+		// The error names the schema and the migrate command to run.
+		return cannotRun("PostgreSQL database %s: %s",
+			jobs.RedactURL(cfg.DatabaseURL), strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), ": "+jobs.ErrNotMigrated.Error()))
 	case err != nil:
 		return cannotRun("cannot read schema %q of PostgreSQL database %s: %v; check the database and --schema",
 			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)

@@ -33,12 +33,27 @@ func DatabaseURL() string {
 
 // DB is one test's schema.
 type DB struct {
-	// Pool's connections use Schema as their search_path.
+	// Pool's connections use Schema as their search_path (sent by the
+	// URL), so that a test's own product tables, created unqualified, land
+	// in Schema; jobreaper's statements name Schema themselves (Store).
 	Pool   *pgxpool.Pool
 	Schema string
 	// URL is DatabaseURL with search_path set to Schema, for code under test
 	// that connects by itself (the CLI).
 	URL string
+}
+
+// Store returns a jobs.Store over Pool on the test's schema, with opts
+// applied after jobs.WithSchema.
+func (d *DB) Store(opts ...jobs.StoreOption) *jobs.Store {
+	return jobs.NewStore(d.Pool, append([]jobs.StoreOption{jobs.WithSchema(d.Schema)}, opts...)...)
+}
+
+// Table returns jobreaper's table name qualified with the test's schema
+// ("schema".jobs), for tests that write or read jobreaper's tables with
+// their own SQL.
+func (d *DB) Table(name string) string {
+	return pgx.Identifier{d.Schema, name}.Sanitize()
 }
 
 // New creates a fresh schema named after t, migrates it, and registers its
@@ -49,7 +64,12 @@ func New(t testing.TB) *DB {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	schema := SchemaName(t)
-	pool, err := jobs.Connect(ctx, DatabaseURL(), schema)
+	sep := "?"
+	if strings.Contains(DatabaseURL(), "?") {
+		sep = "&"
+	}
+	url := DatabaseURL() + sep + "search_path=" + schema
+	pool, err := jobs.Connect(ctx, url, schema)
 	if err != nil {
 		t.Fatalf("PostgreSQL for tests is not reachable (%v); start it (bash .ci/test starts it) or set JOBREAPER_TEST_DATABASE_URL", err)
 	}
@@ -68,11 +88,7 @@ func New(t testing.TB) *DB {
 	if _, err := jobs.Migrate(ctx, pool, schema); err != nil {
 		t.Fatalf("migrating test schema %s: %v", schema, err)
 	}
-	sep := "?"
-	if strings.Contains(DatabaseURL(), "?") {
-		sep = "&"
-	}
-	return &DB{Pool: pool, Schema: schema, URL: DatabaseURL() + sep + "search_path=" + schema}
+	return &DB{Pool: pool, Schema: schema, URL: url}
 }
 
 // SchemaName returns a unique schema name derived from the test's name.
@@ -106,7 +122,7 @@ func (d *DB) Exec(t testing.TB, sql string, args ...any) {
 // three are PostgreSQL interval literals such as "30 minutes".
 func (d *DB) JobType(t testing.TB, name, maxRuntime, stall, hard string) {
 	t.Helper()
-	d.Exec(t, `INSERT INTO job_types (name, max_runtime, stall_timeout, hard_timeout)
+	d.Exec(t, `INSERT INTO `+d.Table("job_types")+` (name, max_runtime, stall_timeout, hard_timeout)
 VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, name, maxRuntime, stall, hard)
 }
 
@@ -143,7 +159,7 @@ func (d *DB) Insert(t testing.TB, j Job) {
 	if j.StartedAgo != nil {
 		started = jobs.Interval(*j.StartedAgo)
 	}
-	d.Exec(t, `INSERT INTO jobs (id, type, status, generation, queue, parent_id, tenant_id, worker,
+	d.Exec(t, `INSERT INTO `+d.Table("jobs")+` (id, type, status, generation, queue, parent_id, tenant_id, worker,
                   started_at, updated_at, total, "cursor", progress_mark)
 VALUES ($1, $2, $3, $4, nullif($5, ''), nullif($6, ''), nullif($7, ''), nullif($8, ''),
         now() - $9::interval, now() - $10::interval, $11, $12, $13)`,
@@ -172,7 +188,7 @@ func (d *DB) Read(t testing.TB, id string) Row {
 	var r Row
 	err := d.Pool.QueryRow(context.Background(), `SELECT status, generation, coalesce(failure_reason, ''),
        updated_at, "cursor", coalesce(worker, ''), coalesce(total, -1), progress_mark, finished_at IS NOT NULL
-  FROM jobs WHERE id = $1`, id).
+  FROM `+d.Table("jobs")+` WHERE id = $1`, id).
 		Scan(&r.Status, &r.Generation, &r.FailureReason, &r.UpdatedAt, &r.Cursor, &r.Worker,
 			&r.Total, &r.ProgressMark, &r.Finished)
 	if err != nil {
@@ -186,7 +202,7 @@ func (d *DB) Events(t testing.TB, id, kind string) int {
 	t.Helper()
 	var n int
 	if err := d.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM job_events WHERE job_id = $1 AND kind = $2`, id, kind).Scan(&n); err != nil {
+		`SELECT count(*) FROM `+d.Table("job_events")+` WHERE job_id = $1 AND kind = $2`, id, kind).Scan(&n); err != nil {
 		t.Fatalf("counting %s events of %s: %v", kind, id, err)
 	}
 	return n
@@ -208,7 +224,7 @@ func (d *DB) Count(t testing.TB, sql string, args ...any) int64 {
 func (d *DB) LateResults(t testing.TB, id string) []jobs.LateResultDetail {
 	t.Helper()
 	rows, err := d.Pool.Query(context.Background(),
-		`SELECT detail FROM job_events WHERE job_id = $1 AND kind = 'late_result_rejected' ORDER BY id`, id)
+		`SELECT detail FROM `+d.Table("job_events")+` WHERE job_id = $1 AND kind = 'late_result_rejected' ORDER BY id`, id)
 	if err != nil {
 		t.Fatalf("reading late results of %s: %v", id, err)
 	}

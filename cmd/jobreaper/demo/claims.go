@@ -146,7 +146,7 @@ func (w *world) claimLateCompletionRefused(ctx context.Context, _ *observations)
 	if !errors.Is(late.err, jobs.ErrJobTerminal) {
 		return "", fmt.Errorf("the late Complete returned %s, want jobs.ErrJobTerminal", errText(late.err))
 	}
-	reports, err := w.count(ctx, `SELECT count(*) FROM demo_reports WHERE job_id = $1`, id)
+	reports, err := w.count(ctx, `SELECT count(*) FROM {schema}.demo_reports WHERE job_id = $1`, id)
 	if err != nil {
 		return "", err
 	}
@@ -190,11 +190,11 @@ func (w *world) claimProgressingLeftAlone(ctx context.Context, obs *observations
 	if err != nil {
 		return "", err
 	}
-	reports, err := w.count(ctx, `SELECT count(*) FROM demo_reports WHERE job_id = $1`, id)
+	reports, err := w.count(ctx, `SELECT count(*) FROM {schema}.demo_reports WHERE job_id = $1`, id)
 	if err != nil {
 		return "", err
 	}
-	reaps, err := w.count(ctx, `SELECT count(*) FROM job_events WHERE job_id = $1 AND kind = 'reaped'`, id)
+	reaps, err := w.count(ctx, `SELECT count(*) FROM {schema}.job_events WHERE job_id = $1 AND kind = 'reaped'`, id)
 	if err != nil {
 		return "", err
 	}
@@ -227,7 +227,7 @@ func (w *world) claimFinished(ctx context.Context, _ *observations) (string, err
 	if err != nil {
 		return "", err
 	}
-	reports, err := w.count(ctx, `SELECT count(*) FROM demo_reports WHERE job_id = $1`, id)
+	reports, err := w.count(ctx, `SELECT count(*) FROM {schema}.demo_reports WHERE job_id = $1`, id)
 	if err != nil {
 		return "", err
 	}
@@ -266,15 +266,15 @@ func (w *world) claimCourseResumed(ctx context.Context, _ *observations) (string
 	if err != nil {
 		return "", err
 	}
-	lessons, err := w.count(ctx, `SELECT count(*) FROM demo_lessons WHERE job_id = $1`, id)
+	lessons, err := w.count(ctx, `SELECT count(*) FROM {schema}.demo_lessons WHERE job_id = $1`, id)
 	if err != nil {
 		return "", err
 	}
-	distinct, err := w.count(ctx, `SELECT count(DISTINCT lesson) FROM demo_lessons WHERE job_id = $1`, id)
+	distinct, err := w.count(ctx, `SELECT count(DISTINCT lesson) FROM {schema}.demo_lessons WHERE job_id = $1`, id)
 	if err != nil {
 		return "", err
 	}
-	batches, err := w.count(ctx, `SELECT count(*) FROM job_batches
+	batches, err := w.count(ctx, `SELECT count(*) FROM {schema}.job_batches
  WHERE job_id = $1 AND generation = CASE WHEN cursor_after <= $2 THEN 1 ELSE 2 END`, id, courseFailsAt)
 	if err != nil {
 		return "", err

@@ -164,7 +164,7 @@ func (h *handlers) hung(ctx context.Context, lease jobs.Lease) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_, err := h.store.CompleteWith(wctx, h.pool, lease, func(tx pgx.Tx) error {
-		return writeReport(wctx, tx, lease, "report of the hung call")
+		return h.writeReport(wctx, tx, lease, "report of the hung call")
 	})
 	select {
 	case h.late <- lateResult{err: err, at: time.Now()}:
@@ -201,7 +201,7 @@ func (h *handlers) progressing(ctx context.Context, lease jobs.Lease) error {
 		}
 	}
 	_, err := h.store.CompleteWith(ctx, h.pool, lease, func(tx pgx.Tx) error {
-		return writeReport(ctx, tx, lease, fmt.Sprintf("report after %d steps", progressSteps))
+		return h.writeReport(ctx, tx, lease, fmt.Sprintf("report after %d steps", progressSteps))
 	})
 	h.mu.Lock()
 	h.progress.done, h.progress.completeErr = true, err
@@ -212,7 +212,7 @@ func (h *handlers) progressing(ctx context.Context, lease jobs.Lease) error {
 // finish completes at once, well within its limit.
 func (h *handlers) finish(ctx context.Context, lease jobs.Lease) error {
 	_, err := h.store.CompleteWith(ctx, h.pool, lease, func(tx pgx.Tx) error {
-		return writeReport(ctx, tx, lease, "quick report")
+		return h.writeReport(ctx, tx, lease, "quick report")
 	})
 	h.mu.Lock()
 	h.finished[lease.JobID] = err
@@ -260,7 +260,7 @@ func (h *handlers) courseFlow(ctx context.Context, lease jobs.Lease) error {
 	}
 	a.endCursor = cursor
 	_, err := h.store.CompleteWith(ctx, h.pool, lease, func(tx pgx.Tx) error {
-		return writeReport(ctx, tx, lease, fmt.Sprintf("course of %d lessons published", lease.Total))
+		return h.writeReport(ctx, tx, lease, fmt.Sprintf("course of %d lessons published", lease.Total))
 	})
 	a.err, a.completed = err, err == nil
 	return err
@@ -276,18 +276,21 @@ func (h *handlers) publishLesson(ctx context.Context, lease jobs.Lease, lesson, 
 		if res, err = h.store.Advance(ctx, tx, lease, lessonToken(lesson), expected, 1); err != nil || res.Replayed {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO demo_lessons (job_id, lesson, generation) VALUES ($1, $2, $3)`,
+		_, err = tx.Exec(ctx, h.sql(`INSERT INTO {schema}.demo_lessons (job_id, lesson, generation) VALUES ($1, $2, $3)`),
 			lease.JobID, lesson, lease.Generation)
 		return err
 	})
 	return res, err
 }
 
+// sql names the demo's schema where text writes {schema}.
+func (h *handlers) sql(text string) string { return qualify(text, h.store.Schema()) }
+
 func lessonToken(lesson int64) string { return fmt.Sprintf("lesson-%d", lesson) }
 
 // writeReport is a completion's product write.
-func writeReport(ctx context.Context, tx pgx.Tx, lease jobs.Lease, body string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO demo_reports (job_id, generation, body) VALUES ($1, $2, $3)`,
+func (h *handlers) writeReport(ctx context.Context, tx pgx.Tx, lease jobs.Lease, body string) error {
+	_, err := tx.Exec(ctx, h.sql(`INSERT INTO {schema}.demo_reports (job_id, generation, body) VALUES ($1, $2, $3)`),
 		lease.JobID, lease.Generation, body)
 	return err
 }

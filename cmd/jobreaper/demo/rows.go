@@ -32,13 +32,13 @@ SELECT id, status, coalesce(failure_reason, ''), generation, "cursor", coalesce(
        coalesce(started_at, now()),
        coalesce(extract(epoch FROM coalesce(finished_at, now()) - started_at), 0)::float8,
        extract(epoch FROM now() - updated_at)::float8
-  FROM jobs WHERE id = ANY($1)`
+  FROM {schema}.jobs WHERE id = ANY($1)`
 
 // readJobs reads the story's four jobs.
 func (w *world) readJobs(ctx context.Context) (map[string]jobRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, jobs.OpTimeoutDefault)
 	defer cancel()
-	rows, err := w.pool.Query(ctx, readJobsSQL, w.ids.all())
+	rows, err := w.pool.Query(ctx, w.sql(readJobsSQL), w.ids.all())
 	if err != nil {
 		return nil, fmt.Errorf("reading the story's jobs: %w", err)
 	}
@@ -80,7 +80,7 @@ func (w *world) count(ctx context.Context, sql string, args ...any) (int, error)
 	ctx, cancel := context.WithTimeout(ctx, jobs.OpTimeoutDefault)
 	defer cancel()
 	var n int
-	if err := w.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+	if err := w.pool.QueryRow(ctx, w.sql(sql), args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting (%s): %w", strings.Fields(sql)[0], err)
 	}
 	return n, nil
@@ -91,8 +91,8 @@ func (w *world) count(ctx context.Context, sql string, args ...any) (int, error)
 func (w *world) event(ctx context.Context, id, kind, match string) (detail []byte, found bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, jobs.OpTimeoutDefault)
 	defer cancel()
-	err = w.pool.QueryRow(ctx, `SELECT detail::text FROM job_events
- WHERE job_id = $1 AND kind = $2 AND detail @> $3::jsonb ORDER BY id DESC LIMIT 1`, id, kind, match).Scan(&detail)
+	err = w.pool.QueryRow(ctx, w.sql(`SELECT detail::text FROM {schema}.job_events
+ WHERE job_id = $1 AND kind = $2 AND detail @> $3::jsonb ORDER BY id DESC LIMIT 1`), id, kind, match).Scan(&detail)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -117,3 +117,11 @@ type evidence struct {
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// sql names the demo's schema where text writes {schema}.
+func (w *world) sql(text string) string { return qualify(text, w.schema) }
+
+// qualify replaces {schema} in text with schema's quoted identifier.
+func qualify(text, schema string) string {
+	return strings.ReplaceAll(text, "{schema}", pgx.Identifier{schema}.Sanitize())
+}

@@ -45,10 +45,12 @@ const (
 const courseLessons = 4
 
 // demoSQL creates the product tables the story's handlers write, in the
-// demo's schema (search_path), next to jobreaper's own.
+// demo's schema, next to jobreaper's own. The demo's statements name that
+// schema themselves ({schema}, see world.sql), as jobreaper's do: they work
+// the same through a transaction-mode pooler.
 const demoSQL = `
-CREATE TABLE demo_reports (job_id text NOT NULL, generation bigint NOT NULL, body text NOT NULL);
-CREATE TABLE demo_lessons (job_id text NOT NULL, lesson int NOT NULL, generation bigint NOT NULL);`
+CREATE TABLE {schema}.demo_reports (job_id text NOT NULL, generation bigint NOT NULL, body text NOT NULL);
+CREATE TABLE {schema}.demo_lessons (job_id text NOT NULL, lesson int NOT NULL, generation bigint NOT NULL);`
 
 // jobIDs are the story's job IDs; a random suffix keeps them, and so their
 // markers, apart from any other run's on the same Redis.
@@ -111,7 +113,7 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w (set %s to a PostgreSQL URL the demo may create a schema in)", errCannotRun, err, EnvDatabaseURL)
 	}
-	w.pool, w.store = pool, jobs.NewStore(pool)
+	w.pool, w.store = pool, jobs.NewStore(pool, jobs.WithSchema(w.schema))
 	ropt, err := redis.ParseURL(w.cfg.RedisURL)
 	if err != nil {
 		return w, fmt.Errorf("%w: Redis URL %s: %w", errCannotRun, jobs.RedactURL(w.cfg.RedisURL), err)
@@ -161,12 +163,12 @@ func (w *world) seed(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, jobs.OpTimeoutDefault)
 	defer cancel()
 	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, demoSQL); err != nil {
+		if _, err := tx.Exec(ctx, w.sql(demoSQL)); err != nil {
 			return err
 		}
 		for _, typ := range []string{typeHung, typeProgress, typeFinish, typeCourse} {
 			// stall_timeout NULL: the daemon-wide 3s applies.
-			if _, err := tx.Exec(ctx, `INSERT INTO job_types (name, max_runtime, hard_timeout) VALUES ($1, $2, $3)`,
+			if _, err := tx.Exec(ctx, w.sql(`INSERT INTO {schema}.job_types (name, max_runtime, hard_timeout) VALUES ($1, $2, $3)`),
 				typ, jobs.Interval(demoMaxRuntime), jobs.Interval(demoHardTimeout)); err != nil {
 				return err
 			}
@@ -175,7 +177,7 @@ func (w *world) seed(ctx context.Context) error {
 			id, typ string
 			total   any
 		}{{w.ids.hung, typeHung, nil}, {w.ids.progress, typeProgress, nil}, {w.ids.finish, typeFinish, nil}, {w.ids.course, typeCourse, courseLessons}} {
-			if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, queue, total) VALUES ($1, $2, 'QUEUED', $3, $4)`,
+			if _, err := tx.Exec(ctx, w.sql(`INSERT INTO {schema}.jobs (id, type, status, queue, total) VALUES ($1, $2, 'QUEUED', $3, $4)`),
 				j.id, j.typ, w.queue, j.total); err != nil {
 				return err
 			}

@@ -1,0 +1,90 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ownTables are jobreaper's own tables, which every statement of this package
+// names with the Store's schema ({schema}.jobs, ...). The start-up check
+// requires each of them, and the migrations' version table, in the
+// configured schema.
+var ownTables = []string{"job_types", "jobs", "job_events", "job_batches"}
+
+// CheckSchema is the start-up check of a Store's schema (WithSchema): it
+// returns nil when the schema holds jobreaper's tables and every migration
+// this binary ships. The daemon runs the same check (CheckMigrated), and a
+// worker process should call this once before it serves tasks, so that a
+// wrong schema name stops it at start instead of failing every task.
+// Behind a transaction-mode pooler every connection reports public as its
+// current schema, so the check names the schema in each lookup
+// (to_regclass('"jobreaper".jobs')) instead of asking the connection.
+//
+// Errors: ErrBadSchema for a name that breaks ValidSchema; ErrNotMigrated
+// naming the schema, what is missing and `jobreaper migrate --schema
+// <name>`; a wrapped driver error (timeout: OpTimeoutDefault or
+// WithOpTimeout) when PostgreSQL fails.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	ctx, done := s.op(ctx, "CheckSchema")
+	return done(checkSchema(ctx, s.db, s.schema))
+}
+
+// checkSchema looks up, by qualified name, jobreaper's tables and the
+// version table in schema, then the latest applied migration.
+func checkSchema(ctx context.Context, q rowQuerier, schema string) error {
+	if !ValidSchema(schema) {
+		return fmt.Errorf("schema %q: %w", schema, ErrBadSchema)
+	}
+	latest, err := latestVersion()
+	if err != nil {
+		return err
+	}
+	want := append(append([]string{}, ownTables...), SchemaVersionTable)
+	var missing []string
+	err = q.QueryRow(ctx, `SELECT coalesce(array_agg(t ORDER BY n), '{}')
+  FROM unnest($2::text[]) WITH ORDINALITY AS w(t, n)
+ WHERE to_regclass(format('%I.%I', $1::text, t)) IS NULL`, schema, want).Scan(&missing)
+	if err != nil {
+		return fmt.Errorf("looking up jobreaper's tables in schema %q: %w", schema, err)
+	}
+	fix := fmt.Sprintf("run `jobreaper migrate --schema %s` with the same database URL, or correct the schema name", schema)
+	switch {
+	case len(missing) == len(want):
+		return fmt.Errorf("schema %q has no jobreaper tables (this binary ships version %d); %s: %w", schema, latest, fix, ErrNotMigrated)
+	case len(missing) > 0:
+		return fmt.Errorf("schema %q lacks jobreaper's tables %s; %s: %w", schema, strings.Join(missing, ", "), fix, ErrNotMigrated)
+	}
+	var current int64
+	if err := q.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM `+
+		pgx.Identifier{schema, SchemaVersionTable}.Sanitize()+` WHERE is_applied`).Scan(&current); err != nil {
+		return fmt.Errorf("reading the migration version of schema %q: %w", schema, err)
+	}
+	if current < latest {
+		return fmt.Errorf("schema %q is at version %d, this binary needs %d; run `jobreaper migrate --schema %s`: %w",
+			schema, current, latest, schema, ErrNotMigrated)
+	}
+	return nil
+}
+
+// latestVersion is the highest version among the embedded migrations.
+func latestVersion() (int64, error) {
+	files, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		return 0, err
+	}
+	var latest int64
+	for _, name := range files {
+		v, err := strconv.ParseInt(strings.SplitN(path.Base(name), "_", 2)[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: the name must start with a version number", path.Base(name))
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
+}
