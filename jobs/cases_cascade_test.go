@@ -27,7 +27,7 @@ func TestCase_B37_CascadeThatEndsTheTransaction(t *testing.T) {
 		db, _ := setup(t, nil)
 		db.Exec(t, `CREATE TABLE parents (id text PRIMARY KEY, failed int NOT NULL DEFAULT 0)`)
 		db.Exec(t, `CREATE PROCEDURE some_procedure() LANGUAGE sql AS $$ SELECT 1 $$`)
-		store := jobs.NewStore(db.Pool, jobs.WithCascades(jobs.Cascades{
+		store := db.Store(jobs.WithCascades(jobs.Cascades{
 			"report.export": {OnFailed: []string{
 				"ROLLBACK",
 				`UPDATE parents SET failed = failed + 1 WHERE id = @parent_id`,
@@ -71,7 +71,7 @@ func TestCase_B37_CascadeThatEndsTheTransaction(t *testing.T) {
 			db.Exec(t, `INSERT INTO parents (id) VALUES ('P')`)
 			// The start check is bypassed: the Store is used without
 			// PrepareCascades, as if the statement had slipped through.
-			store := jobs.NewStore(db.Pool, jobs.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{
+			store := db.Store(jobs.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{
 				ending,
 				`UPDATE parents SET failed = failed + 1 WHERE id = @parent_id`,
 			}}}))
@@ -110,7 +110,7 @@ func TestCascadeThatEndsTheTransactionInCompleteAndFail(t *testing.T) {
 	ctx := context.Background()
 	db, _ := setup(t, nil)
 	db.Exec(t, `CREATE TABLE usage (job_id text NOT NULL)`)
-	store := jobs.NewStore(db.Pool, jobs.WithCascades(jobs.Cascades{"report.export": {
+	store := db.Store(jobs.WithCascades(jobs.Cascades{"report.export": {
 		OnFailed:    []string{"ROLLBACK"},
 		OnCompleted: []string{"ROLLBACK"},
 	}}))
@@ -146,7 +146,7 @@ func TestCascadeThatEndsTheTransactionInCompleteAndFail(t *testing.T) {
 	})
 
 	t.Run("CompleteWithRefusesAFunctionThatEndsTheTransaction", func(t *testing.T) {
-		clean := jobs.NewStore(db.Pool)
+		clean := db.Store()
 		lease := queued(t, db, clean, jobstest.Job{ID: "C3", Type: "report.export"}, "W1")
 		res, err := clean.CompleteWith(ctx, nil, lease, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `ROLLBACK`)
