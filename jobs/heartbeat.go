@@ -12,13 +12,13 @@ import (
 )
 
 // HeartbeatIntervalDefault is how often, at most, one process writes a
-// heartbeat for one job: once per 5 minutes. The number is a trade-off
-// between two limits:
+// heartbeat for one attempt of a job: once per 5 minutes. The number is a
+// trade-off between two limits:
 //
 //   - Load: handlers call Heartbeat on every item (for example 2,000 jobs at about
 //     10 calls a second each). Unthrottled that is 20,000 UPDATEs a second on
 //     the hottest rows of the table; at one per 5 minutes it is at most 2 per
-//     job over 10 minutes.
+//     attempt over 10 minutes.
 //   - Detection: a live job's updated_at may then lag its real progress by up
 //     to one interval, so the stall timeout must be at least 2 x this
 //     interval + the reaper's scan interval (11 minutes with 1-minute scans;
@@ -44,8 +44,8 @@ func (hostClock) Now() time.Time { return time.Now() }
 
 // HeartbeatResult says what one Heartbeat call did.
 type HeartbeatResult struct {
-	// Throttled: this process sent a heartbeat for the job less than one
-	// interval ago, so no statement was sent.
+	// Throttled: this process sent a heartbeat for the same attempt less
+	// than one interval ago, so no statement was sent.
 	Throttled bool
 	// Sent: an UPDATE was sent to PostgreSQL (it may still have matched 0
 	// rows).
@@ -59,25 +59,56 @@ type HeartbeatResult struct {
 type HeartbeatStats struct {
 	// Calls is every Heartbeat call; Throttled, those the limiter skipped;
 	// Sent, those that sent an UPDATE; Written, those whose UPDATE moved the
-	// row; Refused, those answered ErrStaleWorker or ErrJobTerminal; Failed,
-	// those that ended in any other error.
+	// row; Refused, those answered ErrStaleWorker or ErrJobTerminal (sent,
+	// or answered from the attempt's recorded refusal); Failed, those that
+	// ended in any other error, including a call whose context was already
+	// done.
 	Calls, Throttled, Sent, Written, Refused, Failed uint64
 }
 
-// Heartbeater writes heartbeats for the jobs of one process, at most one per
-// job per interval. It is safe for concurrent use; create one per process
-// and share it between handlers.
+// attemptKey identifies one attempt: the job and the generation its claim
+// gave it. Everything the Heartbeater remembers belongs to an attempt, not
+// to a job: a superseded attempt of a job, or an earlier life of its ID,
+// may still be calling from the same process while the live attempt runs.
+type attemptKey struct {
+	jobID      string
+	generation int64
+}
+
+// attemptEntry is what the limiter remembers of one attempt.
+type attemptEntry struct {
+	// at is when the attempt's last heartbeat was let through (sent,
+	// whatever the outcome).
+	at time.Time
+	// refusal is set once PostgreSQL refused the attempt (ErrStaleWorker or
+	// ErrJobTerminal): a fence that refused an attempt never lets it
+	// through again, so later calls get the same answer without a round
+	// trip.
+	refusal error
+	// probed: a throttled call of this attempt was let through because a
+	// newer attempt of the job heartbeats from this process (see reserve);
+	// at most once per entry, so an outage cannot make it a storm.
+	probed bool
+}
+
+// Heartbeater writes heartbeats for the attempts running in one process, at
+// most one per attempt per interval. It is safe for concurrent use; create
+// one per process and share it between handlers.
 type Heartbeater struct {
 	store    *Store
 	clock    Clock
 	interval time.Duration
 
 	mu sync.Mutex
-	// last maps a job ID to the time of its last attempt (sent, whatever the
-	// outcome). Entries at least one interval old no longer throttle and are
-	// dropped by sweep, so the map holds only jobs seen within the last two
-	// intervals.
-	last      map[string]time.Time
+	// last maps an attempt to what the limiter remembers of it. Entries
+	// whose last heartbeat is at least one interval old no longer throttle
+	// and are dropped by sweep, so the map holds only attempts seen within
+	// the last two intervals.
+	last map[attemptKey]attemptEntry
+	// newest maps a job ID to the highest generation in last, so that an
+	// attempt superseded by one that heartbeats from this process is found
+	// without a scan. sweep rebuilds it.
+	newest    map[string]int64
 	lastSweep time.Time
 
 	calls, throttled, sent, written, refused, failed atomic.Uint64
@@ -85,8 +116,8 @@ type Heartbeater struct {
 
 // NewHeartbeater returns a Heartbeater writing through store. clock is the
 // limiter's time source (nil: the host clock; tests pass a fake clock).
-// interval is the least time between two heartbeat writes of one job from
-// this process; 0 means HeartbeatIntervalDefault.
+// interval is the least time between two heartbeat writes of one attempt
+// from this process; 0 means HeartbeatIntervalDefault.
 //
 // It returns an error wrapping ErrInvalidArgument when store is nil or
 // interval is negative; nothing is clamped.
@@ -104,35 +135,59 @@ func NewHeartbeater(store *Store, clock Clock, interval time.Duration) (*Heartbe
 	if clock == nil {
 		clock = hostClock{}
 	}
-	return &Heartbeater{store: store, clock: clock, interval: interval, last: make(map[string]time.Time)}, nil
+	return &Heartbeater{
+		store: store, clock: clock, interval: interval,
+		last: make(map[attemptKey]attemptEntry), newest: make(map[string]int64),
+	}, nil
 }
 
-// Interval returns the least time between two heartbeat writes of one job.
+// Interval returns the least time between two heartbeat writes of one
+// attempt.
 func (h *Heartbeater) Interval() time.Duration { return h.interval }
 
 // Heartbeat reports that lease's attempt is alive and has reached progress,
 // a mark that only grows (items done, bytes encoded, polls answered; the
 // claim resets the stored mark to 0, so the first mark is 1 or more).
 //
-// The limiter lets one call per job through per interval; that call is
-// recorded before it is sent, so concurrent calls for one job make at most
-// one write, and a write that fails or matches 0 rows still uses up the
-// interval (an outage does not turn into a retry storm). Throttled calls
-// return Throttled and send nothing.
+// The limiter is keyed by attempt (job ID and the lease's generation): it
+// lets one call per attempt through per interval, so a superseded attempt
+// still calling from this process never uses up the live attempt's window.
+// Once a newer attempt of the same job has heartbeated from this process,
+// one throttled call of the older attempt is let through anyway, so that
+// PostgreSQL refuses it at once instead of its calls being answered as
+// merely throttled until its window ends.
+// The call let through is recorded before it is sent, so concurrent calls
+// of one attempt make at most one write, and a write that fails or matches
+// 0 rows still uses up the interval (an outage does not turn into a retry
+// storm). Throttled calls return Throttled and send nothing. A call whose
+// ctx is already done sends nothing and uses up nothing: it returns ctx's
+// error.
 //
 // The UPDATE is fenced: it moves updated_at to the database's now() and
 // stores progress only when the row is PROCESSING at the lease's generation
 // and progress is greater than the stored progress_mark, so an idle ticker
 // repeating one mark cannot keep a hung job alive. Such a call returns
-// Written=false and a nil error.
+// Written=false and a nil error. The answer reflects the row after any
+// write the heartbeat waited for (a reap or a claim holding the row).
 //
 // Errors: ErrStaleWorker when a newer attempt claimed the job (or this one
 // released it), ErrJobTerminal when the job is COMPLETED or FAILED; both
-// record a late_result_rejected event. ErrNotFound when the row is missing;
-// otherwise a wrapped driver error or the operation's timeout.
+// record a late_result_rejected event, and the Heartbeater remembers the
+// refusal: later calls of the same attempt return it (wrapped, Sent false)
+// without a round trip while the attempt's entry lives. ErrNotFound when
+// the row is missing; ctx's error (wrapped) when ctx was done before the
+// call; otherwise a wrapped driver error or the operation's timeout.
 func (h *Heartbeater) Heartbeat(ctx context.Context, lease Lease, progress int64) (HeartbeatResult, error) {
 	h.calls.Add(1)
-	if !h.reserve(lease.JobID) {
+	key := attemptKey{lease.JobID, lease.Generation}
+	switch v, refusal := h.reserve(ctx, key); v {
+	case verdictRefused:
+		h.refused.Add(1)
+		return HeartbeatResult{}, fmt.Errorf("jobs.Heartbeat: attempt %s was refused before, nothing sent: %w", lease.FencingToken(), refusal)
+	case verdictDone:
+		h.failed.Add(1)
+		return HeartbeatResult{}, fmt.Errorf("jobs.Heartbeat: attempt %s: context done before the call, nothing sent: %w", lease.FencingToken(), ctx.Err())
+	case verdictThrottled:
 		h.throttled.Add(1)
 		return HeartbeatResult{Throttled: true}, nil
 	}
@@ -141,44 +196,95 @@ func (h *Heartbeater) Heartbeat(ctx context.Context, lease Lease, progress int64
 	switch {
 	case err == nil && written:
 		h.written.Add(1)
-	case ErrorCode(err) != "":
+	case errors.Is(err, ErrStaleWorker) || errors.Is(err, ErrJobTerminal):
 		h.refused.Add(1)
+		h.remember(key, err)
 	case err != nil:
 		h.failed.Add(1)
 	}
 	return HeartbeatResult{Sent: true, Written: written}, err
 }
 
-// reserve records an attempt for jobID and reports whether the limiter lets
-// it through: no attempt of the same job in the last interval.
-func (h *Heartbeater) reserve(jobID string) bool {
+// verdict is the limiter's decision on one call.
+type verdict int
+
+const (
+	// verdictSend: no call of the attempt in the last interval; the call is
+	// recorded and goes to PostgreSQL.
+	verdictSend verdict = iota
+	// verdictThrottled: the attempt sent a heartbeat less than one interval
+	// ago.
+	verdictThrottled
+	// verdictRefused: PostgreSQL refused the attempt before.
+	verdictRefused
+	// verdictDone: the call's context is already done; nothing is recorded.
+	verdictDone
+)
+
+// reserve decides a call of attempt key and, for verdictSend, records it;
+// with verdictRefused it returns the attempt's recorded refusal.
+func (h *Heartbeater) reserve(ctx context.Context, key attemptKey) (verdict, error) {
 	now := h.clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if now.Sub(h.lastSweep) >= h.interval {
 		h.sweep(now)
 	}
-	if at, ok := h.last[jobID]; ok && now.Sub(at) < h.interval {
-		return false
+	e, ok := h.last[key]
+	switch {
+	case ok && e.refusal != nil:
+		return verdictRefused, e.refusal
+	case ctx.Err() != nil:
+		return verdictDone, nil
+	case ok && now.Sub(e.at) < h.interval:
+		if e.probed || h.newest[key.jobID] <= key.generation {
+			return verdictThrottled, nil
+		}
+		// A newer attempt of this job heartbeats here: this one is
+		// superseded, and one round trip lets PostgreSQL say so.
+		e.probed = true
+		h.last[key] = e
+		return verdictSend, nil
 	}
-	h.last[jobID] = now
-	return true
+	h.last[key] = attemptEntry{at: now}
+	if key.generation > h.newest[key.jobID] {
+		h.newest[key.jobID] = key.generation
+	}
+	return verdictSend, nil
 }
 
-// sweep drops the entries that no longer throttle; h.mu is held. It runs at
-// most once per interval, so its cost is amortised over the calls.
+// remember records that PostgreSQL refused attempt key.
+func (h *Heartbeater) remember(key attemptKey, refusal error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e, ok := h.last[key]; ok {
+		e.refusal = refusal
+		h.last[key] = e
+	}
+}
+
+// sweep drops the entries that no longer throttle and rebuilds newest from
+// the rest; h.mu is held. It runs at most once per interval, so its cost is
+// amortised over the calls. A refused attempt's entry goes too: its next
+// call is sent and refused again, which records one late_result_rejected
+// event per interval at most.
 func (h *Heartbeater) sweep(now time.Time) {
-	for id, at := range h.last {
-		if now.Sub(at) >= h.interval {
-			delete(h.last, id)
+	clear(h.newest)
+	for key, e := range h.last {
+		if now.Sub(e.at) >= h.interval {
+			delete(h.last, key)
+			continue
+		}
+		if key.generation > h.newest[key.jobID] {
+			h.newest[key.jobID] = key.generation
 		}
 	}
 	h.lastSweep = now
 }
 
-// Tracked returns how many jobs the limiter currently remembers. Entries
-// older than one interval are dropped, so it stays near the number of jobs
-// that sent a heartbeat within the last two intervals.
+// Tracked returns how many attempts the limiter currently remembers.
+// Entries older than one interval are dropped, so it stays near the number
+// of attempts that sent a heartbeat within the last two intervals.
 func (h *Heartbeater) Tracked() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -194,21 +300,28 @@ func (h *Heartbeater) Stats() HeartbeatStats {
 }
 
 // heartbeatSQL is the fenced heartbeat and, in the same round trip, the
-// row's state, which tells a mark that did not advance from an attempt that
-// is over. The outer SELECT reads the row as it was before the UPDATE; a
-// heartbeat changes neither status nor generation.
+// row's state that tells a mark that did not advance from an attempt that
+// is over. The state is read under the row lock (cur), never from the
+// statement's starting snapshot: a heartbeat that waited for a reap or a
+// claim holding the row must answer with the row that write left, not the
+// one it started from (in READ COMMITTED, a locking read returns the
+// latest committed version). The UPDATE repeats the fence on the row
+// itself; after the lock nothing can change it in between.
 const heartbeatSQL = `
-WITH beat AS (
-    UPDATE {schema}.jobs
+WITH cur AS (
+    SELECT id, status, generation, coalesce(failure_reason, '') AS failure_reason, progress_mark
+      FROM {schema}.jobs WHERE id = @job_id
+       FOR NO KEY UPDATE
+), beat AS (
+    UPDATE {schema}.jobs j
        SET updated_at = now(), progress_mark = @progress
-     WHERE id = @job_id
-       AND status = 'PROCESSING'
-       AND generation = @generation
-       AND progress_mark < @progress
+      FROM cur
+     WHERE j.id = cur.id
+       AND cur.status = 'PROCESSING' AND cur.generation = @generation AND cur.progress_mark < @progress
+       AND j.status = 'PROCESSING' AND j.generation = @generation AND j.progress_mark < @progress
  RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM beat), status, generation, coalesce(failure_reason, '')
-  FROM {schema}.jobs WHERE id = @job_id`
+SELECT EXISTS (SELECT 1 FROM beat), status, generation, failure_reason FROM cur`
 
 // heartbeat is the fenced heartbeat write, unthrottled: only Heartbeater
 // calls it.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -99,12 +101,15 @@ func TestHeartbeat(t *testing.T) {
 		db, store := setup(t, nil)
 		countWrites(t, db)
 		lease := queued(t, db, store, jobstest.Job{ID: "j1", Type: "crawl.site"}, "w1")
-		hb, clock := heartbeater(t, store)
-		dead, cancel := context.WithCancel(ctx)
-		cancel() // the write fails before it reaches PostgreSQL
-		res, err := hb.Heartbeat(dead, lease, 1)
-		if err == nil || !res.Sent || res.Written {
-			t.Fatalf("heartbeat on a cancelled context = %+v, %v; want sent, not written, an error", res, err)
+		// A Store whose pool is closed: every write fails before it reaches
+		// PostgreSQL, as in an outage.
+		down, err := pgxpool.New(ctx, db.URL)
+		requireNoErr(t, err)
+		down.Close()
+		hb, clock := heartbeater(t, jobs.NewStore(down, jobs.WithSchema(db.Schema)))
+		res, err := hb.Heartbeat(ctx, lease, 1)
+		if err == nil || !res.Sent || res.Written || jobs.ErrorCode(err) != "" {
+			t.Fatalf("heartbeat through a closed pool = %+v, %v; want sent, not written, a driver error", res, err)
 		}
 		clock.Advance(jobs.HeartbeatIntervalDefault - time.Second)
 		res, err = hb.Heartbeat(ctx, lease, 2)

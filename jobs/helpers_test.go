@@ -138,20 +138,21 @@ func requireLate(t *testing.T, db *jobstest.DB, id string, want ...[2]string) []
 }
 
 // countWrites installs a trigger that records every heartbeat write to
-// jobs (an UPDATE that moves progress_mark: no other write does) into
-// heartbeat_writes, so tests count real UPDATEs instead of trusting a
-// counter of the code under test.
+// jobs (an UPDATE that moves progress_mark within one generation: no other
+// write does; a claim resets the mark as it moves the generation) into
+// heartbeat_writes, with the attempt's generation, so tests count real
+// UPDATEs instead of trusting a counter of the code under test.
 func countWrites(t *testing.T, db *jobstest.DB) {
 	t.Helper()
 	db.Exec(t, `
-CREATE TABLE heartbeat_writes (job_id text NOT NULL, progress_mark bigint NOT NULL);
+CREATE TABLE heartbeat_writes (job_id text NOT NULL, generation bigint NOT NULL, progress_mark bigint NOT NULL);
 CREATE FUNCTION record_heartbeat_write() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO heartbeat_writes (job_id, progress_mark) VALUES (NEW.id, NEW.progress_mark);
+    INSERT INTO heartbeat_writes (job_id, generation, progress_mark) VALUES (NEW.id, NEW.generation, NEW.progress_mark);
     RETURN NEW;
 END $$;
 CREATE TRIGGER heartbeat_writes AFTER UPDATE ON jobs FOR EACH ROW
-    WHEN (OLD.progress_mark IS DISTINCT FROM NEW.progress_mark)
+    WHEN (OLD.progress_mark IS DISTINCT FROM NEW.progress_mark AND OLD.generation = NEW.generation)
     EXECUTE FUNCTION record_heartbeat_write();`)
 }
 
