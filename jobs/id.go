@@ -49,6 +49,17 @@ func CheckID(id string) error {
 	return nil
 }
 
+// QuoteID returns id escaped as a Go string literal (%q), cut to its first
+// 64 bytes with its length added when longer, for log lines about task IDs
+// that may hold control bytes, invalid UTF-8 or megabytes.
+func QuoteID(id string) string {
+	const shown = 64
+	if len(id) > shown {
+		return fmt.Sprintf("%q...(%d bytes)", truncate(id, shown), len(id))
+	}
+	return fmt.Sprintf("%q", id)
+}
+
 // truncate returns at most n bytes of s.
 func truncate(s string, n int) string {
 	if len(s) <= n {

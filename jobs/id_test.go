@@ -73,3 +73,17 @@ func TestCheckIDMatchesPostgreSQL(t *testing.T) {
 		t.Fatalf("inserting an ID of %d random bytes: %v, want PostgreSQL's index row size error", len(long), err)
 	}
 }
+
+func TestQuoteID(t *testing.T) {
+	t.Parallel()
+	for id, want := range map[string]string{
+		"J1":                    `"J1"`,
+		"odd\x00id":             `"odd\x00id"`,
+		"bad\xff":               `"bad\xff"`,
+		strings.Repeat("a", 70): `"` + strings.Repeat("a", 64) + `"...(70 bytes)`,
+	} {
+		if got := jobs.QuoteID(id); got != want {
+			t.Errorf("QuoteID(%q) = %s, want %s", id, got, want)
+		}
+	}
+}

@@ -39,6 +39,10 @@ var (
 	ErrNoTaskID = errors.New("no asynq task ID in context")
 )
 
+// A task whose ID cannot be a job ID (jobs.CheckID: a NUL byte, invalid
+// UTF-8, longer than jobs.MaxIDLength) is refused with an error wrapping
+// jobs.ErrBadID and asynq.SkipRetry: no retry could ever find its row.
+
 // GuardStore is what the start guard needs from PostgreSQL; *jobs.Store
 // satisfies it.
 type GuardStore interface {
@@ -103,9 +107,11 @@ func WithLogger(l *slog.Logger) GuardOption {
 
 // WithRegisterer registers the guard's metrics with r (default: no
 // metrics): jobreaper_guard_decisions_total{decision}, where decision is
-// claimed, refused_reaped, refused_failed, acked_completed, claim_lost,
-// no_row, unavailable or no_task_id. A counter already registered by
-// another Guard on r is shared. NewGuard panics, like
+// one of GuardDecisions (the start decisions claimed, refused_reaped,
+// refused_failed, acked_completed, claim_lost, no_row, unavailable,
+// no_task_id and bad_job_id, then the settlements of attempts); every value
+// exists at 0 from the start. A counter already registered by another
+// Guard on r is shared. NewGuard panics, like
 // prometheus.MustRegister, when r refuses the counter for another reason.
 func WithRegisterer(r prometheus.Registerer) GuardOption {
 	return func(g *Guard) {
@@ -144,7 +150,9 @@ func defaultWorker() string {
 // Middleware returns the guard as asynq middleware. Per task, in order:
 //
 //  1. The task ID (asynq.GetTaskID) is the job ID; none: ErrNoTaskID with
-//     asynq.SkipRetry.
+//     asynq.SkipRetry. An ID PostgreSQL cannot store (jobs.CheckID): an
+//     error wrapping jobs.ErrBadID and asynq.SkipRetry, a permanent
+//     failure, with nothing read or written.
 //  2. Read the job row. Missing (jobs.ErrNotFound): a retryable error
 //     wrapping jobs.ErrNotFound, since the enqueuer commits the row before
 //     it enqueues and the row may simply not be visible yet; it counts as a
@@ -195,15 +203,23 @@ func (g *Guard) run(ctx context.Context, lease jobs.Lease, next asynq.Handler, t
 func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err error) {
 	id, ok := g.taskID(ctx)
 	if !ok || id == "" {
-		g.count("no_task_id")
+		g.count(decisionNoTaskID)
 		g.logger.ErrorContext(ctx, "task refused: no task ID in context", "reason", "no_task_id")
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", ErrNoTaskID, asynq.SkipRetry)
+	}
+	if err := jobs.CheckID(id); err != nil {
+		// Another producer sharing the Redis enqueued it: no row can have
+		// this ID, and sending it would fail the read, then every retry.
+		g.count(decisionBadJobID)
+		g.logger.ErrorContext(ctx, "task refused for good: its ID cannot be a job ID",
+			"reason", "bad_job_id", "job_id", jobs.QuoteID(id), "err", err)
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
 	}
 	log := g.logger.With("job_id", id)
 
 	row, err := g.store.Get(ctx, id)
 	if errors.Is(err, jobs.ErrNotFound) {
-		g.count("no_row")
+		g.count(decisionNoRow)
 		log.WarnContext(ctx, "task not started: no job row yet", "reason", "no_row")
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: no job row, will retry: %w", id, err)
 	}
@@ -213,13 +229,13 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 	log = log.With("generation", row.Generation)
 	switch row.Status {
 	case jobs.StatusCompleted:
-		g.count("acked_completed")
+		g.count(decisionAckedCompleted)
 		log.InfoContext(ctx, "task acknowledged without running: job already completed", "reason", "completed")
 		return jobs.Lease{}, false, nil
 	case jobs.StatusFailed:
-		sentinel, decision, reason := ErrJobFailed, "refused_failed", "failed"
+		sentinel, decision, reason := ErrJobFailed, decisionRefusedFailed, "failed"
 		if row.FailureReason == jobs.ReasonStalled || row.FailureReason == jobs.ReasonLostTask {
-			sentinel, decision, reason = ErrJobReaped, "refused_reaped", "reaped"
+			sentinel, decision, reason = ErrJobReaped, decisionRefusedReaped, "reaped"
 		}
 		g.count(decision)
 		log.WarnContext(ctx, "task refused: job is FAILED", "reason", reason, "failure_reason", row.FailureReason)
@@ -232,7 +248,7 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 		return g.unavailable(ctx, log, id, "reading the marker", err)
 	}
 	if found && marked >= row.Generation {
-		g.count("refused_reaped")
+		g.count(decisionRefusedReaped)
 		log.WarnContext(ctx, "task refused: marker records a reap of this generation",
 			"reason", "marker", "marker_generation", marked)
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s generation %d: marker %s records generation %d: %w: %w",
@@ -241,20 +257,20 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 
 	lease, err = g.store.Claim(ctx, id, row.Generation, g.worker)
 	if errors.Is(err, jobs.ErrClaimLost) {
-		g.count("claim_lost")
+		g.count(decisionClaimLost)
 		log.WarnContext(ctx, "task refused: another attempt claimed the job first", "reason", "claim_lost")
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
 	}
 	if err != nil {
 		return g.unavailable(ctx, log, id, "claiming the job", err)
 	}
-	g.count("claimed")
+	g.count(decisionClaimed)
 	log.DebugContext(ctx, "job claimed", "lease_generation", lease.Generation, "worker", g.worker)
 	return lease, true, nil
 }
 
 func (g *Guard) unavailable(ctx context.Context, log *slog.Logger, id, step string, err error) (jobs.Lease, bool, error) {
-	g.count("unavailable")
+	g.count(decisionUnavailable)
 	log.WarnContext(ctx, "task not started: guard cannot decide, asynq will retry",
 		"reason", "unavailable", "step", step, "error", err.Error())
 	return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: %s: %w: %w", id, step, ErrGuardUnavailable, err)
@@ -276,29 +292,4 @@ func (g *Guard) unavailable(ctx context.Context, log *slog.Logger, id, step stri
 // archived even on a non-failure error.
 func IsFailure(err error) bool {
 	return err != nil && !errors.Is(err, ErrGuardUnavailable)
-}
-
-type guardMetrics struct {
-	decisions *prometheus.CounterVec
-}
-
-func newGuardMetrics(r prometheus.Registerer) *guardMetrics {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "jobreaper_guard_decisions_total",
-		Help: "Tasks the start guard decided on, by decision (claimed, refused_reaped, refused_failed, acked_completed, claim_lost, no_row, unavailable, no_task_id).",
-	}, []string{"decision"})
-	if err := r.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(fmt.Sprintf("queue: registering jobreaper_guard_decisions_total: %v", err))
-		}
-		c = are.ExistingCollector.(*prometheus.CounterVec)
-	}
-	return &guardMetrics{decisions: c}
-}
-
-func (g *Guard) count(decision string) {
-	if g.metrics != nil {
-		g.metrics.decisions.WithLabelValues(decision).Inc()
-	}
 }

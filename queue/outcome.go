@@ -104,7 +104,7 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 		return serr
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		g.count("abandoned")
+		g.count(decisionAbandoned)
 		log.WarnContext(wctx, "attempt cancelled (worker shutdown or task cancel); the job is left to its next claim", "err", err)
 		return err
 	}
@@ -116,7 +116,7 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 		if ferr := g.store.Fail(wctx, lease, code); ferr != nil {
 			return g.settleWriteFailed(ctx, log, lease, "fail", err, ferr)
 		}
-		g.count("failed")
+		g.count(decisionFailed)
 		log.WarnContext(ctx, "handler revoked its task, job FAILED", "failure_reason", code, "err", err)
 		return err
 	}
@@ -126,7 +126,7 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 		if rerr := g.store.Release(wctx, lease); rerr != nil {
 			return g.settleWriteFailed(ctx, log, lease, "release", err, rerr)
 		}
-		g.count("released")
+		g.count(decisionReleased)
 		log.InfoContext(ctx, "attempt failed, job back to QUEUED for asynq's retry", "retried", retried, "max_retry", maxRetry, "err", err)
 		return err
 	}
@@ -137,7 +137,7 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 	if ferr := g.store.Fail(wctx, lease, code); ferr != nil {
 		return g.settleWriteFailed(ctx, log, lease, "fail", err, ferr)
 	}
-	g.count("failed")
+	g.count(decisionFailed)
 	log.WarnContext(ctx, "attempt failed for good, job FAILED", "failure_reason", code, "err", err)
 	return fmt.Errorf("queue.Guard: job %s failed (%s): %w: %w", lease.JobID, code, err, asynq.SkipRetry)
 }
@@ -146,17 +146,17 @@ func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.
 	res, err := g.store.AutoComplete(ctx, lease)
 	switch {
 	case err == nil && res.Replayed:
-		g.count("completed")
+		g.count(decisionCompleted)
 		return nil
 	case err == nil:
-		g.count("auto_completed")
+		g.count(decisionAutoCompleted)
 		log.InfoContext(ctx, "handler returned without Complete; auto_complete type completed")
 		return nil
 	case errors.Is(err, jobs.ErrNotAutoComplete):
 		if ferr := g.store.Fail(ctx, lease, jobs.ReasonNoCompletion); ferr != nil {
 			return g.settleWriteFailed(ctx, log, lease, "fail", nil, ferr)
 		}
-		g.count("no_completion")
+		g.count(decisionNoCompletion)
 		log.WarnContext(ctx, "handler returned without a confirmed Complete; job FAILED",
 			"failure_reason", jobs.ReasonNoCompletion)
 		return fmt.Errorf("queue.Guard: job %s: handler returned nil without jobs.Complete (type is not auto_complete): %s: %w",
@@ -173,11 +173,11 @@ func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.
 func (g *Guard) settleWriteFailed(ctx context.Context, log *slog.Logger, lease jobs.Lease, op string, handlerErr, writeErr error) error {
 	log = log.With("op", op)
 	if errors.Is(writeErr, jobs.ErrJobTerminal) || errors.Is(writeErr, jobs.ErrStaleWorker) {
-		g.count("lost_job")
+		g.count(decisionLostJob)
 		log.WarnContext(ctx, "attempt lost its job before it settled, task will not be retried", "reason", jobs.ErrorCode(writeErr))
 		return fmt.Errorf("queue.Guard: job %s generation %d: %w: %w", lease.JobID, lease.Generation, writeErr, asynq.SkipRetry)
 	}
-	g.count("settle_failed")
+	g.count(decisionSettleFailed)
 	log.ErrorContext(ctx, "could not record the attempt's outcome; the next claim fences this attempt", "err", writeErr)
 	if handlerErr != nil {
 		return handlerErr
@@ -208,24 +208,24 @@ func (g *Guard) settled(ctx context.Context, log *slog.Logger, lease jobs.Lease,
 		// The handler released the job itself: asynq's retry claims it
 		// again, and if asynq archives the task instead, the reaper fails
 		// the idle QUEUED job as lost_task.
-		g.count("released")
+		g.count(decisionReleased)
 		return true, err
 	case row.Generation != lease.Generation:
-		g.count("lost_job")
+		g.count(decisionLostJob)
 		log.WarnContext(ctx, "a newer attempt owns the job, task will not be retried", "current_generation", row.Generation)
 		return true, final("queue.Guard: job %s generation %d (now %d): %w", lease.JobID, lease.Generation, row.Generation, jobs.ErrStaleWorker)
 	case row.Status == jobs.StatusCompleted:
-		g.count("completed")
+		g.count(decisionCompleted)
 		if err != nil {
 			log.WarnContext(ctx, "handler returned an error after its job was completed; the completion stands", "err", err)
 		}
 		return true, nil
 	case row.FailureReason == jobs.ReasonStalled || row.FailureReason == jobs.ReasonLostTask:
-		g.count("lost_job")
+		g.count(decisionLostJob)
 		log.WarnContext(ctx, "job was reaped while the handler ran, task will not be retried", "failure_reason", row.FailureReason)
 		return true, final("queue.Guard: job %s generation %d was reaped (%s): %w", lease.JobID, lease.Generation, row.FailureReason, ErrJobReaped)
 	default: // FAILED by the handler's own Fail
-		g.count("failed")
+		g.count(decisionFailed)
 		if err == nil {
 			return true, nil
 		}

@@ -90,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.reaped.WithLabelValues(reason)
 	}
 	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
-		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound} {
+		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound} {
 		m.skipped.WithLabelValues(string(reason))
 	}
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,

@@ -249,7 +249,7 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 			r.log.Warn("active entries without a task ID skipped", "queue", q, "count", tasks.EmptyIDs)
 			res.skip(SkipNoJobID, tasks.EmptyIDs)
 		}
-		for _, id := range tasks.IDs {
+		for _, id := range r.dropBadIDs(q, tasks.IDs, res) {
 			if !seen[id] {
 				seen[id] = true
 				ids = append(ids, id)

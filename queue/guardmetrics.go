@@ -1,0 +1,98 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// decision is one value of jobreaper_guard_decisions_total's decision
+// label. It is an index into decisionNames, so that every value the guard
+// can count is in the table below: it exists at 0 from the start and is
+// listed in the metric's help text.
+type decision int
+
+// The guard's decisions: the start decision of admit, then the outcome
+// mapping's settlement of an attempt.
+const (
+	decisionClaimed decision = iota
+	decisionRefusedReaped
+	decisionRefusedFailed
+	decisionAckedCompleted
+	decisionClaimLost
+	decisionNoRow
+	decisionUnavailable
+	decisionNoTaskID
+	decisionBadJobID
+	decisionCompleted
+	decisionAutoCompleted
+	decisionNoCompletion
+	decisionReleased
+	decisionFailed
+	decisionAbandoned
+	decisionLostJob
+	decisionSettleFailed
+	decisionCount // number of decisions; not a label value
+)
+
+// decisionNames are the label values, indexed by decision.
+var decisionNames = [decisionCount]string{
+	decisionClaimed:        "claimed",
+	decisionRefusedReaped:  "refused_reaped",
+	decisionRefusedFailed:  "refused_failed",
+	decisionAckedCompleted: "acked_completed",
+	decisionClaimLost:      "claim_lost",
+	decisionNoRow:          "no_row",
+	decisionUnavailable:    "unavailable",
+	decisionNoTaskID:       "no_task_id",
+	decisionBadJobID:       "bad_job_id",
+	decisionCompleted:      "completed",
+	decisionAutoCompleted:  "auto_completed",
+	decisionNoCompletion:   "no_completion",
+	decisionReleased:       "released",
+	decisionFailed:         "failed",
+	decisionAbandoned:      "abandoned",
+	decisionLostJob:        "lost_job",
+	decisionSettleFailed:   "settle_failed",
+}
+
+func (d decision) String() string { return decisionNames[d] }
+
+// GuardDecisions returns every value of jobreaper_guard_decisions_total's
+// decision label, in the order of the metric's help text.
+func GuardDecisions() []string { return append([]string(nil), decisionNames[:]...) }
+
+type guardMetrics struct {
+	decisions *prometheus.CounterVec
+}
+
+// newGuardMetrics registers jobreaper_guard_decisions_total with r, or
+// shares the counter another Guard registered there, and creates the
+// series of every decision at 0, so that a rate() or an alert on one works
+// before its first occurrence.
+func newGuardMetrics(r prometheus.Registerer) *guardMetrics {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jobreaper_guard_decisions_total",
+		Help: "Tasks the start guard decided on and attempts it settled, by decision (" +
+			strings.Join(decisionNames[:], ", ") + ").",
+	}, []string{"decision"})
+	if err := r.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(fmt.Sprintf("queue: registering jobreaper_guard_decisions_total: %v", err))
+		}
+		c = are.ExistingCollector.(*prometheus.CounterVec)
+	}
+	for _, name := range decisionNames {
+		c.WithLabelValues(name)
+	}
+	return &guardMetrics{decisions: c}
+}
+
+func (g *Guard) count(d decision) {
+	if g.metrics != nil {
+		g.metrics.decisions.WithLabelValues(d.String()).Inc()
+	}
+}

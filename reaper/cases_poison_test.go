@@ -1,0 +1,140 @@
+package reaper_test
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
+)
+
+// realAsynq is one test's share of the real Redis: queues and job IDs
+// unique to the test, removed at cleanup, and an asynq server whose
+// handlers block until the test ends so that their tasks stay active.
+type realAsynq struct {
+	rc     *redis.Client
+	client *asynq.Client
+	insp   *asynq.Inspector
+	suffix string
+}
+
+func newRealAsynq(t *testing.T) *realAsynq {
+	t.Helper()
+	addr := cmp.Or(os.Getenv("JOBREAPER_TEST_REDIS_ADDR"), "127.0.0.1:6379")
+	rc := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rc.Close() })
+	if err := rc.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("Redis for tests is not reachable at %s (%v); start it (bash .ci/services.sh) or set JOBREAPER_TEST_REDIS_ADDR", addr, err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return &realAsynq{rc: rc, client: asynq.NewClientFromRedisClient(rc), insp: asynq.NewInspectorFromRedisClient(rc),
+		suffix: hex.EncodeToString(b[:])}
+}
+
+// serveBlocking runs an asynq server on queues whose handler holds each
+// task until its context ends, and removes the queues (their tasks) and
+// the markers of markerIDs at cleanup, after the server stopped.
+func (a *realAsynq) serveBlocking(t *testing.T, queues []string, markerIDs ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, q := range queues {
+			_ = a.insp.DeleteQueue(q, true)
+		}
+		for _, id := range markerIDs {
+			a.rc.Del(context.Background(), queue.MarkerKey(id))
+		}
+	})
+	weights := map[string]int{}
+	for _, q := range queues {
+		weights[q] = 1
+	}
+	srv := asynq.NewServerFromRedisClient(a.rc, asynq.Config{Queues: weights, Concurrency: 10,
+		LogLevel: asynq.FatalLevel, ShutdownTimeout: time.Second})
+	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+}
+
+// activate enqueues a task with each ID into q and waits until asynq lists
+// them all as active.
+func (a *realAsynq) activate(t *testing.T, q string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if _, err := a.client.EnqueueContext(t.Context(), asynq.NewTask("report.export", nil), asynq.TaskID(id), asynq.Queue(q)); err != nil {
+			t.Fatalf("enqueueing %q: %v", id, err)
+		}
+	}
+	jobstest.Eventually(t, "the tasks of "+q+" are active", func() bool {
+		got, err := a.insp.ListActiveTasks(q)
+		return err == nil && len(got) == len(ids)
+	})
+}
+
+// B33: another producer sharing the Redis enqueued a task whose ID holds a
+// NUL byte; it sits in an active list the daemon scans. Two jobs in other
+// queues are stalled. Both are reaped in the next pass, and the odd ID is
+// counted as a skip with its own reason, never sent to PostgreSQL.
+func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := jobstest.New(t)
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	a := newRealAsynq(t)
+	qOdd, qB, qC := "b33-odd-"+a.suffix, "b33-b-"+a.suffix, "b33-c-"+a.suffix
+	odd, jB, jC := "odd\x00"+a.suffix, "J33b-"+a.suffix, "J33c-"+a.suffix
+	a.serveBlocking(t, []string{qOdd, qB, qC}, jB, jC)
+	for id, q := range map[string]string{jB: qB, jC: qC} {
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: q,
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+	}
+	a.activate(t, qOdd, odd)
+	a.activate(t, qB, jB)
+	a.activate(t, qC, jC)
+
+	lister, err := queue.NewInspectorLister(a.insp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	markers, err := queue.NewMarkerStore(a.rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := reaper.New(jobs.NewStore(db.Pool), lister, markers, reaper.Options{
+		Queues: []string{qOdd, qB, qC}, Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg),
+	})
+	res, err := r.RunOnce(ctx)
+	if err != nil || res.Reaped != 2 || res.Errors != 0 || res.Scanned != 3 || !equalCounts(res.Skipped, map[string]int{"bad_job_id": 1}) {
+		t.Fatalf("result = %+v, err = %v; want 3 scanned, both stalled jobs reaped, the odd ID skipped as bad_job_id, no errors", res, err)
+	}
+	for _, id := range []string{jB, jC} {
+		if row := db.Read(t, id); row.Status != jobs.StatusFailed || row.FailureReason != jobs.ReasonStalled {
+			t.Fatalf("%s = %+v, want FAILED stalled", id, row)
+		}
+		if g, found, err := markers.Get(ctx, id); err != nil || !found || g != 1 {
+			t.Fatalf("marker of %s: generation %d, found %v, err %v; want generation 1", id, g, found, err)
+		}
+	}
+	if got := metricValue(t, reg, "jobreaper_jobs_skipped_total", map[string]string{"reason": "bad_job_id"}); got != 1 {
+		t.Fatalf("jobreaper_jobs_skipped_total{reason=bad_job_id} = %v, want 1", got)
+	}
+	if got := metricValue(t, reg, "jobreaper_pass_errors_total", map[string]string{"stage": "load"}); got != 0 {
+		t.Fatalf("load errors = %v, want 0", got)
+	}
+}
