@@ -116,7 +116,7 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	r := reaper.New(jobs.NewStore(db.Pool), lister, markers, reaper.Options{
+	r := reaper.New(db.Store(), lister, markers, reaper.Options{
 		Queues: []string{qOdd, qB, qC}, Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg),
 	})
 	res, err := r.RunOnce(ctx)
