@@ -102,41 +102,51 @@ func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, le
 // hold the job's row lock while it waits. Do such calls before CompleteWith,
 // with Lease.IdempotencyKey.
 //
+// Timeouts: jobreaper's own statements (BEGIN, Complete, COMMIT) each
+// have the Store's operation timeout; fn does not. fn runs for as long as
+// the context its statements use (normally the handler's ctx) allows, so
+// a completion whose product writes take longer than the operation timeout
+// still commits.
+//
 // A Replayed completion (a retry after a lost commit acknowledgement) does
 // not call fn: its rows were committed with the first completion. The
 // result is Confirmed when the transaction committed or replayed.
 //
-// Errors: those of Complete (nothing written); fn's error, wrapped, after
-// rolling back (the job stays PROCESSING); ErrTxEnded when the cascade or
-// fn ended the transaction before COMMIT; a failed commit, whose outcome is
-// unknown to the caller: retry CompleteWith, and a committed completion
-// answers Replayed.
+// Errors, each saying what became of the transaction: BEGIN failed
+// (nothing written); those of Complete (rolled back, nothing written);
+// fn's error, wrapped (rolled back, the job stays PROCESSING); ErrTxEnded
+// when the cascade or fn ended the transaction before COMMIT; a COMMIT
+// PostgreSQL refused or that was never sent (nothing committed); a COMMIT
+// sent without an answer, wrapping ErrCommitUnknown: retry CompleteWith,
+// and a committed completion answers Replayed.
 func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) (CompleteResult, error) {
 	if db == nil {
 		db = s.db
 	}
-	ctx, done := s.op(ctx, "CompleteWith")
-	tx, err := db.Begin(ctx)
+	tx, err := s.begin(ctx, db, "CompleteWith")
 	if err != nil {
-		return CompleteResult{}, done(err)
+		return CompleteResult{}, err
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	defer s.rollback(ctx, tx)
 	res, err := s.Complete(ctx, tx, lease)
-	if err != nil || res.Replayed {
-		return res, done(err)
+	if err != nil {
+		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
+	}
+	if res.Replayed {
+		return res, nil
 	}
 	if fn != nil {
 		if err := fn(tx); err != nil {
-			return CompleteResult{}, done(fmt.Errorf("completion writes of job %s (rolled back, job stays PROCESSING): %w", lease.JobID, err))
+			return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: completion writes of job %s failed; rolled back, nothing written, the job stays PROCESSING: %w", lease.JobID, err)
 		}
 	}
 	if err := checkTxOpen(tx, "the completion's cascade or function"); err != nil {
-		return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, err))
+		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: job %s: %w", lease.JobID, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return CompleteResult{}, done(fmt.Errorf("committing the completion of job %s (outcome unknown: retry, a committed completion answers Replayed): %w", lease.JobID, err))
+	if err := s.commit(ctx, tx); err != nil {
+		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: completing job %s: %w", lease.JobID, err)
 	}
-	return CompleteResult{Confirmed: true}, done(nil)
+	return CompleteResult{Confirmed: true}, nil
 }
 
 const checkCompletedSQL = `
@@ -177,29 +187,36 @@ func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) erro
 // that first re-checks with CheckCompleted that lease's job is COMPLETED by
 // lease's generation, and commits. Use it for writes that follow a confirmed
 // completion, such as a usage charge made only once every metadata update
-// succeeded. Like CompleteWith's fn, fn holds database writes only.
+// succeeded. Like CompleteWith's fn, fn holds database writes only, and
+// like it fn is not bounded by the Store's operation timeout: only
+// jobreaper's statements (BEGIN, the check, COMMIT) are.
 //
-// Errors: those of CheckCompleted (fn not called); fn's error, wrapped,
-// after rolling back; ErrTxEnded when fn ended the transaction before
-// COMMIT; a failed commit.
+// Errors, each saying what became of the transaction: BEGIN failed
+// (nothing written); those of CheckCompleted (fn not called, rolled back);
+// fn's error, wrapped (rolled back); ErrTxEnded when fn ended the
+// transaction before COMMIT; a COMMIT PostgreSQL refused or that was never
+// sent (nothing committed); a COMMIT sent without an answer, wrapping
+// ErrCommitUnknown.
 func (s *Store) AfterCompleted(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) error {
 	if db == nil {
 		db = s.db
 	}
-	ctx, done := s.op(ctx, "AfterCompleted")
-	tx, err := db.Begin(ctx)
+	tx, err := s.begin(ctx, db, "AfterCompleted")
 	if err != nil {
-		return done(err)
+		return err
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	defer s.rollback(ctx, tx)
 	if err := s.CheckCompleted(ctx, tx, lease); err != nil {
-		return done(err)
+		return fmt.Errorf("jobs.AfterCompleted: job %s: rolled back, fn not called: %w", lease.JobID, err)
 	}
 	if err := fn(tx); err != nil {
-		return done(fmt.Errorf("writes after the completion of job %s (rolled back): %w", lease.JobID, err))
+		return fmt.Errorf("jobs.AfterCompleted: writes after the completion of job %s failed; rolled back, nothing written: %w", lease.JobID, err)
 	}
 	if err := checkTxOpen(tx, "AfterCompleted's function"); err != nil {
-		return done(fmt.Errorf("job %s: %w", lease.JobID, err))
+		return fmt.Errorf("jobs.AfterCompleted: job %s: %w", lease.JobID, err)
 	}
-	return done(tx.Commit(ctx))
+	if err := s.commit(ctx, tx); err != nil {
+		return fmt.Errorf("jobs.AfterCompleted: job %s: %w", lease.JobID, err)
+	}
+	return nil
 }

@@ -47,6 +47,12 @@ var (
 	// ReasonNoCompletion.
 	ErrNotAutoComplete = errors.New("job type is not auto-complete: the handler returned without a confirmed Complete")
 
+	// ErrCommitUnknown: jobreaper sent a transaction's COMMIT and no answer
+	// came back (a timeout, a broken connection), so the transaction may or
+	// may not have committed. Retry: a committed CompleteWith answers
+	// Replayed, and fenced writes refuse what already happened.
+	ErrCommitUnknown = errors.New("commit outcome unknown")
+
 	// ErrInvalidArgument: a caller passed a value the operation never
 	// accepts (an empty batch token, a count below 1, a failure code that is
 	// not a short snake_case identifier); nothing was sent to PostgreSQL.

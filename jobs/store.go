@@ -164,18 +164,23 @@ func (s *Store) op(ctx context.Context, name string) (context.Context, func(erro
 // Before COMMIT it checks once that the transaction is still open
 // (checkTxOpen, no round trip): a cascade statement that ended it makes the
 // operation fail with ErrTxEnded instead of reporting a write that did not
-// commit with the rest.
+// commit with the rest. fn holds jobreaper's statements and the operator's
+// cascades only, all bounded by ctx (the operation's timeout); a failed
+// COMMIT is worded by what became of the transaction (commitOutcome).
 func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	defer s.rollback(ctx, tx)
 	if err := fn(tx); err != nil {
 		return err
 	}
 	if err := checkTxOpen(tx, ""); err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return commitOutcome(err, "")
+	}
+	return nil
 }
