@@ -1,0 +1,242 @@
+package jobs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+)
+
+// pooledSchema is the case's --schema: not public.
+const pooledSchema = "jobreaper"
+
+// pooledSetup is a database of the test's own with jobreaper migrated into
+// pooledSchema and, as decoys, into public (the same tables, so that a
+// statement falling back to search_path would run without an error and
+// leave its rows there), plus a PgBouncer in front of it.
+type pooledSetup struct {
+	name   string
+	direct *pgxpool.Pool
+	pgb    *jobstest.PgBouncer
+}
+
+func setupPooled(t *testing.T, opts jobstest.PgBouncerOptions) *pooledSetup {
+	t.Helper()
+	ctx := context.Background()
+	name, directURL := jobstest.NewDatabase(t)
+	direct, err := pgxpool.New(ctx, directURL)
+	requireNoErr(t, err)
+	t.Cleanup(direct.Close)
+	for _, schema := range []string{"public", pooledSchema} {
+		if _, err := jobs.Migrate(ctx, direct, schema); err != nil {
+			t.Fatalf("migrating %s: %v", schema, err)
+		}
+	}
+	// The pooler is stopped before the database is dropped (cleanups run
+	// last registered first).
+	return &pooledSetup{name: name, direct: direct, pgb: jobstest.StartPgBouncer(t, opts)}
+}
+
+// connect opens a pool through the pooler as a worker would: the URL
+// setting the README documents for pooled URLs, and a search_path the
+// pooler ignores.
+func (s *pooledSetup) connect(t *testing.T, maxConns int) *pgxpool.Pool {
+	t.Helper()
+	pool, err := jobs.Connect(context.Background(), s.pgb.URL(s.name,
+		"default_query_exec_mode=exec", "search_path="+pooledSchema, "pool_max_conns="+strconv.Itoa(maxConns)), pooledSchema)
+	requireNoErr(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// count runs a count query on the direct connection.
+func (s *pooledSetup) count(t *testing.T, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := s.direct.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// requirePublicUntouched fails the test when any of jobreaper's tables in
+// public holds a row.
+func (s *pooledSetup) requirePublicUntouched(t *testing.T) {
+	t.Helper()
+	for _, table := range []string{"jobs", "job_types", "job_events", "job_batches"} {
+		if n := s.count(t, "SELECT count(*) FROM public."+table); n != 0 {
+			t.Errorf("public.%s holds %d rows, want 0: a statement relied on search_path", table, n)
+		}
+	}
+}
+
+func TestCase_B40_BehindPgBouncerTransactionMode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const flows, poolSize, clients = 200, 5, 40
+	s := setupPooled(t, jobstest.PgBouncerOptions{PoolSize: poolSize})
+
+	config := map[string]string{}
+	for _, row := range s.pgb.Show(t, "CONFIG") {
+		config[row["key"]] = row["value"]
+	}
+	if config["pool_mode"] != "transaction" || config["ignore_startup_parameters"] != "search_path" {
+		t.Fatalf("pooler runs pool_mode %q, ignore_startup_parameters %q; want transaction, search_path",
+			config["pool_mode"], config["ignore_startup_parameters"])
+	}
+	if got, ok := config["max_prepared_statements"]; s.pgb.PreparedStatementsPinned && got != "0" || !s.pgb.PreparedStatementsPinned && ok {
+		t.Fatalf("PgBouncer %s: max_prepared_statements = %q (present %v), want 0 where the setting exists", s.pgb.Version, got, ok)
+	}
+
+	_, err := s.direct.Exec(ctx, `
+CREATE SCHEMA app;
+CREATE TABLE app.reports (job_id text PRIMARY KEY, generation bigint NOT NULL);
+INSERT INTO jobreaper.job_types (name, max_runtime) VALUES ('report.export', '1 hour');
+INSERT INTO jobreaper.jobs (id, type, status) SELECT 'job-' || i, 'report.export', 'QUEUED' FROM generate_series(1, 200) i`)
+	requireNoErr(t, err)
+
+	pool := s.connect(t, clients)
+	var current string
+	requireNoErr(t, pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current))
+	if current != "public" {
+		t.Fatalf("current_schema() through the pooler = %q, want public (the pooler ignores search_path)", current)
+	}
+	store := jobs.NewStore(pool, jobs.WithSchema(pooledSchema))
+	if err := store.CheckSchema(ctx); err != nil {
+		t.Fatalf("start-up check through the pooler: %v", err)
+	}
+	hb, err := jobs.NewHeartbeater(store, nil, jobs.HeartbeatIntervalDefault)
+	requireNoErr(t, err)
+
+	// 200 claim/heartbeat/complete flows at once, on more client
+	// connections than the pooler has server connections.
+	errs := make([]error, flows)
+	var wg sync.WaitGroup
+	for i := range flows {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = pooledFlow(ctx, store, hb, pool, fmt.Sprintf("job-%d", i+1), fmt.Sprintf("w%d", i))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("flow %d: %v", i+1, err)
+		}
+	}
+
+	if n := s.count(t, `SELECT count(*) FROM jobreaper.jobs
+ WHERE status = 'COMPLETED' AND generation = 1 AND progress_mark = 1 AND finished_at IS NOT NULL`); n != flows {
+		t.Errorf("COMPLETED rows at generation 1 with progress mark 1 = %d, want %d", n, flows)
+	}
+	for _, kind := range []string{"claimed", jobs.EventCompleted} {
+		if n := s.count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind = $1`, kind); n != flows {
+			t.Errorf("%s events = %d, want %d", kind, n, flows)
+		}
+	}
+	if n := s.count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind <> 'claimed' AND kind <> $1`, jobs.EventCompleted); n != 0 {
+		t.Errorf("%d other events (late_result_rejected, ...), want 0", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM app.reports`); n != flows {
+		t.Errorf("product rows = %d, want %d", n, flows)
+	}
+	s.requirePublicUntouched(t)
+
+	// The work really was multiplexed: more client connections than
+	// server connections.
+	servers := 0
+	for _, row := range s.pgb.Show(t, "SERVERS") {
+		if row["database"] == s.name {
+			servers++
+		}
+	}
+	if clientConns := pool.Stat().TotalConns(); servers > poolSize || clientConns <= poolSize {
+		t.Errorf("server connections %d (want at most %d) for %d client connections (want more than %d)", servers, poolSize, clientConns, poolSize)
+	}
+}
+
+// pooledFlow is one attempt's whole life through the pooler: claim, one
+// heartbeat that advances the mark, and a completion that writes a product
+// row in the same transaction.
+func pooledFlow(ctx context.Context, store *jobs.Store, hb *jobs.Heartbeater, pool *pgxpool.Pool, id, worker string) error {
+	lease, err := store.Claim(ctx, id, 0, worker)
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	res, err := hb.Heartbeat(ctx, lease, 1)
+	if err != nil || !res.Written {
+		return fmt.Errorf("heartbeat: written %v, err %v", res.Written, err)
+	}
+	_, err = store.CompleteWith(ctx, pool, lease, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO app.reports (job_id, generation) VALUES ($1, $2)`, lease.JobID, lease.Generation)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("complete: %w", err)
+	}
+	return nil
+}
+
+// Behind the pooler every connection reports public, so only a lookup by
+// qualified name can tell that a schema lacks jobreaper's tables.
+func TestPooledStartUpCheckRefusesAWrongSchemaName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupPooled(t, jobstest.PgBouncerOptions{})
+	pool := s.connect(t, 4)
+
+	const wrong = "jobreapr"
+	err := jobs.NewStore(pool, jobs.WithSchema(wrong)).CheckSchema(ctx)
+	if !errors.Is(err, jobs.ErrNotMigrated) {
+		t.Fatalf("CheckSchema(%s) = %v, want ErrNotMigrated", wrong, err)
+	}
+	for _, want := range []string{`schema "jobreapr" has no jobreaper tables`, "jobreaper migrate --schema jobreapr"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("CheckSchema error %q does not say %q", err, want)
+		}
+	}
+	if err := jobs.CheckMigrated(ctx, pool, wrong); !errors.Is(err, jobs.ErrNotMigrated) {
+		t.Fatalf("CheckMigrated(%s) = %v, want ErrNotMigrated (the daemon's check)", wrong, err)
+	}
+	if err := jobs.CheckMigrated(ctx, pool, pooledSchema); err != nil {
+		t.Fatalf("CheckMigrated(%s) = %v, want nil", pooledSchema, err)
+	}
+}
+
+// Connect sends no startup parameter a pooler would refuse: a PgBouncer
+// that ignores none (so refuses search_path, options, extra_float_digits)
+// accepts its connections, and the claim runs through it.
+func TestConnectSendsNoStartupParameterAPoolerRefuses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupPooled(t, jobstest.PgBouncerOptions{IgnoreStartupParameters: []string{}})
+	_, err := s.direct.Exec(ctx, `INSERT INTO jobreaper.job_types (name, max_runtime) VALUES ('report.export', '1 hour');
+INSERT INTO jobreaper.jobs (id, type, status) VALUES ('job-1', 'report.export', 'QUEUED')`)
+	requireNoErr(t, err)
+
+	// The premise: this pooler refuses a search_path startup parameter.
+	if _, err := pgx.Connect(ctx, s.pgb.URL(s.name, "search_path="+pooledSchema)); err == nil ||
+		!strings.Contains(err.Error(), "unsupported startup parameter") {
+		t.Fatalf("connecting with search_path: %v, want the pooler's refusal", err)
+	}
+	pool, err := jobs.Connect(ctx, s.pgb.URL(s.name, "default_query_exec_mode=exec"), pooledSchema)
+	if err != nil {
+		t.Fatalf("Connect through a pooler that ignores no startup parameter: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	lease, err := jobs.NewStore(pool, jobs.WithSchema(pooledSchema)).Claim(ctx, "job-1", 0, "w1")
+	if err != nil || lease.Generation != 1 {
+		t.Fatalf("claim through the pooler: %+v, %v; want generation 1", lease, err)
+	}
+	s.requirePublicUntouched(t)
+}
