@@ -137,7 +137,7 @@ func (s *Store) rejectLate(ctx context.Context, op string, lease Lease, st jobSt
 	})
 	if err == nil {
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opTimeout)
-		_, err = s.events.Exec(ectx, s.q(lateResultSQL), lease.JobID, lease.Generation, lease.Worker, detail)
+		_, err = s.events.Exec(ectx, s.q(lateResultSQL), lease.JobID, lease.Generation, lease.Worker, jsonText(detail))
 		cancel()
 	}
 	if err != nil {
@@ -155,11 +155,17 @@ VALUES ($1, $2, $3, nullif($4, ''), coalesce($5::jsonb, '{}'))`
 func (s *Store) appendEvent(ctx context.Context, tx pgx.Tx, kind string, lease Lease, detail []byte) error {
 	var d any
 	if detail != nil {
-		d = string(detail)
+		d = jsonText(detail)
 	}
 	_, err := tx.Exec(ctx, s.q(appendEventSQL), lease.JobID, kind, lease.Generation, lease.Worker, d)
 	return err
 }
+
+// jsonText passes a JSON document as text. A []byte argument would be sent
+// as bytea under default_query_exec_mode=exec (the mode pooled URLs use,
+// which infers types from Go values), and PostgreSQL would refuse it as
+// jsonb.
+func jsonText(doc []byte) string { return string(doc) }
 
 // namedLease returns the named arguments @job_id and @generation of lease,
 // plus the extra name/value pairs kv.

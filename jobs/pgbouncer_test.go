@@ -240,3 +240,92 @@ INSERT INTO jobreaper.jobs (id, type, status) VALUES ('job-1', 'report.export', 
 	}
 	s.requirePublicUntouched(t)
 }
+
+// The rest of the worker library through the pooler, in the mode pooled
+// URLs use (default_query_exec_mode=exec, where pgx infers each argument's
+// type from its Go value): resumable progress and its replay, Fail with its
+// cascade, a late result's event, Release and auto-completion. Cascades
+// keep their unqualified names, which resolve through the server's default
+// search_path (public here), as the README says.
+func TestPooledWorkerCallsOnANonPublicSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupPooled(t, jobstest.PgBouncerOptions{})
+	_, err := s.direct.Exec(ctx, `
+CREATE TABLE public.courses (id text PRIMARY KEY, completed int NOT NULL DEFAULT 0, failed int NOT NULL DEFAULT 0);
+CREATE TABLE public.lessons (job_id text NOT NULL, lesson bigint NOT NULL);
+INSERT INTO public.courses (id) VALUES ('c1');
+INSERT INTO jobreaper.job_types (name, max_runtime) VALUES ('course.publish', '1 hour');
+INSERT INTO jobreaper.job_types (name, max_runtime, auto_complete) VALUES ('course.touch', '1 hour', true);
+INSERT INTO jobreaper.jobs (id, type, status, parent_id) VALUES
+  ('a', 'course.publish', 'QUEUED', 'c1'), ('b', 'course.publish', 'QUEUED', 'c1'),
+  ('c', 'course.publish', 'QUEUED', 'c1'), ('d', 'course.touch', 'QUEUED', 'c1')`)
+	requireNoErr(t, err)
+	pool := s.connect(t, 4)
+	store := jobs.NewStore(pool, jobs.WithSchema(pooledSchema), jobs.WithCascades(jobs.Cascades{"course.publish": {
+		OnCompleted: []string{`UPDATE courses SET completed = completed + 1 WHERE id = @parent_id`},
+		OnFailed:    []string{`UPDATE courses SET failed = failed + 1 WHERE id = @parent_id`},
+	}}))
+	requireNoErr(t, store.CheckSchema(ctx))
+	requireNoErr(t, store.PrepareCascades(ctx))
+	claimed := func(id string) jobs.Lease {
+		t.Helper()
+		lease, err := store.Claim(ctx, id, 0, "w1")
+		requireNoErr(t, err)
+		return lease
+	}
+
+	a := claimed("a")
+	requireNoErr(t, store.SetTotal(ctx, a, 2))
+	advance := func() jobs.AdvanceResult {
+		t.Helper()
+		var res jobs.AdvanceResult
+		requireNoErr(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			if res, err = store.Advance(ctx, tx, a, "lesson-1", 0, 1); err != nil || res.Replayed {
+				return err
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO public.lessons (job_id, lesson) VALUES ($1, $2)`, a.JobID, res.Cursor)
+			return err
+		}))
+		return res
+	}
+	if first, again := advance(), advance(); first.Cursor != 1 || first.Replayed || again.Cursor != 1 || !again.Replayed {
+		t.Fatalf("Advance then its replay = %+v, %+v; want cursor 1 new, then cursor 1 replayed", first, again)
+	}
+	_, err = store.CompleteWith(ctx, pool, a, func(pgx.Tx) error { return nil })
+	requireNoErr(t, err)
+
+	b := claimed("b")
+	requireNoErr(t, store.Fail(ctx, b, "source_missing"))
+	if err := store.Fail(ctx, b, "source_missing"); !errors.Is(err, jobs.ErrJobTerminal) || strings.Contains(err.Error(), "event failed") {
+		t.Fatalf("second Fail = %v, want ErrJobTerminal with its event recorded", err)
+	}
+
+	requireNoErr(t, store.Release(ctx, claimed("c")))
+	if res, err := store.AutoComplete(ctx, claimed("d")); err != nil || res.Replayed {
+		t.Fatalf("AutoComplete = %+v, %v", res, err)
+	}
+
+	for id, want := range map[string]string{"a": "COMPLETED", "b": "FAILED", "c": "QUEUED", "d": "COMPLETED"} {
+		if n := s.count(t, `SELECT count(*) FROM jobreaper.jobs WHERE id = $1 AND status = $2`, id, want); n != 1 {
+			t.Errorf("job %s is not %s", id, want)
+		}
+	}
+	for kind, want := range map[string]int64{"claimed": 4, jobs.EventCompleted: 2, jobs.EventFailed: 1,
+		jobs.EventReleased: 1, jobs.EventLateResultRejected: 1} {
+		if n := s.count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind = $1`, kind); n != want {
+			t.Errorf("%s events = %d, want %d", kind, n, want)
+		}
+	}
+	if n := s.count(t, `SELECT count(*) FROM jobreaper.job_batches WHERE job_id = 'a' AND cursor_after = 1`); n != 1 {
+		t.Errorf("recorded batches of a = %d, want 1", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM public.lessons`); n != 1 {
+		t.Errorf("lesson rows = %d, want 1 (the replay must not write again)", n)
+	}
+	if n := s.count(t, `SELECT completed * 10 + failed FROM public.courses WHERE id = 'c1'`); n != 11 {
+		t.Errorf("course c1: completed*10+failed = %d, want 11 (one completion cascade, one failure cascade)", n)
+	}
+	s.requirePublicUntouched(t)
+}

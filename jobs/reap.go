@@ -161,7 +161,7 @@ func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidenc
 			return err
 		}
 		if _, err := tx.Exec(ctx, s.q(`INSERT INTO {schema}.job_events (job_id, kind, generation, worker, detail)
-VALUES ($1, 'reaped', $2, nullif($3, ''), $4)`), p.JobID, ev.Generation, ev.Worker, detail); err != nil {
+VALUES ($1, 'reaped', $2, nullif($3, ''), $4)`), p.JobID, ev.Generation, ev.Worker, jsonText(detail)); err != nil {
 			return err
 		}
 		cascade.JobID = p.JobID
