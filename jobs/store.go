@@ -121,7 +121,9 @@ func (s *Store) Schema() string { return s.schema }
 // goes through it before it is sent; operator cascades do not (their
 // unqualified names are the product's, resolved by the connection's
 // search_path). The rendered text is cached per statement, so a call
-// after the first neither locks nor allocates.
+// after the first neither locks nor allocates; the cache keeps every
+// distinct text, so sql must be one of the package's fixed statements,
+// never text built per call.
 func (s *Store) q(sql string) string {
 	if out, ok := (*s.rendered.Load())[sql]; ok {
 		return out

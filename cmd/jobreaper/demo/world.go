@@ -149,6 +149,10 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	if _, err := jobs.Migrate(ctx, w.pool, w.schema); err != nil {
 		return w, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
+	// The workers' start-up check, as a worker process would run it.
+	if err := w.store.CheckSchema(ctx); err != nil {
+		return w, fmt.Errorf("%w: %w", errCannotRun, err)
+	}
 	if err := w.seed(ctx); err != nil {
 		return w, fmt.Errorf("%w: seeding the demo schema %s: %w", errCannotRun, w.schema, err)
 	}
