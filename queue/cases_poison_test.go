@@ -1,8 +1,11 @@
 package queue
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -81,5 +84,68 @@ func TestCase_B33_GuardRefusesAnOddTaskIDForGood(t *testing.T) {
 				t.Fatalf("bad_job_id decisions = %v, want 1", got)
 			}
 		})
+	}
+}
+
+// A marker key someone else wrote (B38's "yes", or a hash) is one bad item:
+// the marker store names the key and wraps ErrBadMarker, on the real Redis.
+func TestMarkerKeyOfAnotherToolIsABadMarker(t *testing.T) {
+	t.Parallel()
+	rc := realRedis(t)
+	s, err := NewMarkerStore(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, hash := unique(t, "X-str-"), unique(t, "X-hash-")
+	t.Cleanup(func() { rc.Del(context.Background(), MarkerKey(str), MarkerKey(hash)) })
+	if err := rc.Set(t.Context(), MarkerKey(str), "yes", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.HSet(t.Context(), MarkerKey(hash), "reaped", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rc.Expire(t.Context(), MarkerKey(hash), time.Minute)
+	for _, id := range []string{str, hash} {
+		_, err := s.Set(t.Context(), id, 1, MarkerTTL)
+		if !errors.Is(err, ErrBadMarker) || !strings.Contains(err.Error(), MarkerKey(id)) {
+			t.Fatalf("Set over %s: err = %v, want ErrBadMarker naming the key", MarkerKey(id), err)
+		}
+		_, _, err = s.Get(t.Context(), id)
+		if !errors.Is(err, ErrBadMarker) || !strings.Contains(err.Error(), MarkerKey(id)) {
+			t.Fatalf("Get of %s: err = %v, want ErrBadMarker naming the key", MarkerKey(id), err)
+		}
+	}
+	if v, _ := rc.Get(t.Context(), MarkerKey(str)).Result(); v != "yes" {
+		t.Fatalf("the foreign value was overwritten with %q", v)
+	}
+}
+
+// The guard does not retry a task forever, uncounted, because its marker
+// key holds garbage: it is a counted failure naming the key (asynq retries
+// it with backoff and archives it in the end), and the handler never runs.
+func TestGuardCountsAGarbageMarkerAsAFailure(t *testing.T) {
+	t.Parallel()
+	b := setupGuard(t)
+	b.db.Insert(t, jobstest.Job{ID: "X", Type: "report.export", Status: jobs.StatusQueued})
+	if err := b.mr.Set(MarkerKey("X"), "yes"); err != nil {
+		t.Fatal(err)
+	}
+	h := &recorder{}
+	err := deliver(t.Context(), b.guard(t, "W1", nil, nil), "X", h)
+	if !errors.Is(err, ErrBadMarker) || errors.Is(err, asynq.SkipRetry) || errors.Is(err, ErrGuardUnavailable) || !IsFailure(err) {
+		t.Fatalf("guard returned %v, want a counted, retryable failure wrapping ErrBadMarker", err)
+	}
+	if !strings.Contains(err.Error(), "jobreaper:reaped:X") {
+		t.Fatalf("error %q does not name the key", err)
+	}
+	if n := h.runs(); n != 0 {
+		t.Fatalf("handler ran %d times, want 0", n)
+	}
+	if got := b.decisions("bad_marker"); got != 1 {
+		t.Fatalf("bad_marker decisions = %v, want 1", got)
+	}
+	requireRow(t, b.db, "X", jobs.StatusQueued, 0)
+	if n := b.db.Events(t, "X", "claimed"); n != 0 {
+		t.Fatalf("claimed events = %d, want 0", n)
 	}
 }

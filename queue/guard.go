@@ -109,7 +109,7 @@ func WithLogger(l *slog.Logger) GuardOption {
 // metrics): jobreaper_guard_decisions_total{decision}, where decision is
 // one of GuardDecisions (the start decisions claimed, refused_reaped,
 // refused_failed, acked_completed, claim_lost, no_row, unavailable,
-// no_task_id and bad_job_id, then the settlements of attempts); every value
+// no_task_id, bad_job_id and bad_marker, then the settlements of attempts); every value
 // exists at 0 from the start. A counter already registered by another
 // Guard on r is shared. NewGuard panics, like
 // prometheus.MustRegister, when r refuses the counter for another reason.
@@ -161,7 +161,10 @@ func defaultWorker() string {
 //     ErrJobFailed, with asynq.SkipRetry. COMPLETED: nil, so asynq
 //     acknowledges the task without running it.
 //  3. Read the marker. A marker whose generation is >= the row's:
-//     ErrJobReaped with asynq.SkipRetry.
+//     ErrJobReaped with asynq.SkipRetry. A marker key holding something
+//     jobreaper never writes: an error wrapping ErrBadMarker that counts as
+//     a failure (asynq retries it with backoff, then archives it; the
+//     handler does not run), since no retry can read such a key.
 //  4. Claim with the generation read. Lost (jobs.ErrClaimLost: another
 //     delivery claimed it first, or the job became terminal): an error
 //     wrapping jobs.ErrClaimLost and asynq.SkipRetry.
@@ -244,6 +247,16 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 	}
 
 	marked, found, err := g.markers.Get(ctx, id)
+	if errors.Is(err, ErrBadMarker) {
+		// Someone else wrote the key. Retrying cannot fix it, so it is not
+		// "unavailable" (retried forever, uncounted): a counted failure
+		// that asynq retries with its backoff while the key is deleted,
+		// and archives once the task's retries are used up.
+		g.count(decisionBadMarker)
+		log.ErrorContext(ctx, "task not started: its marker key holds a value jobreaper never writes; delete the key",
+			"reason", "bad_marker", "key", MarkerKey(id), "err", err)
+		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: %w", id, err)
+	}
 	if err != nil {
 		return g.unavailable(ctx, log, id, "reading the marker", err)
 	}

@@ -26,6 +26,7 @@ const (
 	decisionUnavailable
 	decisionNoTaskID
 	decisionBadJobID
+	decisionBadMarker
 	decisionCompleted
 	decisionAutoCompleted
 	decisionNoCompletion
@@ -48,6 +49,7 @@ var decisionNames = [decisionCount]string{
 	decisionUnavailable:    "unavailable",
 	decisionNoTaskID:       "no_task_id",
 	decisionBadJobID:       "bad_job_id",
+	decisionBadMarker:      "bad_marker",
 	decisionCompleted:      "completed",
 	decisionAutoCompleted:  "auto_completed",
 	decisionNoCompletion:   "no_completion",

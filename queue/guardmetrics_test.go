@@ -29,7 +29,7 @@ func TestGuardMetricsExistAtZeroAndAreListedInTheHelp(t *testing.T) {
 		got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
 	}
 	want := []string{"claimed", "refused_reaped", "refused_failed", "acked_completed", "claim_lost", "no_row",
-		"unavailable", "no_task_id", "bad_job_id", "completed", "auto_completed", "no_completion", "released",
+		"unavailable", "no_task_id", "bad_job_id", "bad_marker", "completed", "auto_completed", "no_completion", "released",
 		"failed", "abandoned", "lost_job", "settle_failed"}
 	if len(got) != len(want) || len(GuardDecisions()) != len(want) {
 		t.Fatalf("series = %v, GuardDecisions = %v; want exactly %v", got, GuardDecisions(), want)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,9 +32,21 @@ const MarkerTTL = 7 * 24 * time.Hour
 const MarkerOpTimeoutDefault = 5 * time.Second
 
 // ErrBadMarker means a marker key holds a value that is not a decimal
-// generation. Nothing in jobreaper writes such a value; someone else wrote
-// the key.
+// generation, or is not a string at all (Redis answers WRONGTYPE). Nothing
+// in jobreaper writes such a value; someone else wrote the key. It fails
+// that one marker only: delete the key and the marker is written again.
 var ErrBadMarker = errors.New("marker value is not a decimal generation")
+
+// badMarkerReply maps a Redis error reply that is about the key itself (it
+// holds a list, a hash, ...: WRONGTYPE) to ErrBadMarker, naming the key;
+// any other error is returned as it is, wrapped with the key.
+func badMarkerReply(key string, err error) error {
+	var reply redis.Error
+	if errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "WRONGTYPE") {
+		return fmt.Errorf("key %s is not a string (%w): %w", key, err, ErrBadMarker)
+	}
+	return fmt.Errorf("key %s: %w", key, err)
+}
 
 // ErrBadOption means an option of this package was given a value outside
 // its rule; the error names the option, the value and the rule.
@@ -128,7 +141,8 @@ func MarkerRemaining(reapedAt, now time.Time) time.Duration {
 // or a newer generation. Errors: a call that exceeded the store's timeout
 // ("queue.MarkerStore.Set timed out after 5s: ...", wrapping
 // context.DeadlineExceeded); ErrBadMarker naming the key when the key holds
-// a non-numeric value (it is left as is); any other Redis error, wrapped.
+// a non-numeric value or is not a string (it is left as is); any other
+// Redis error, wrapped.
 func (s *MarkerStore) Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (set bool, err error) {
 	ms := ttl.Milliseconds()
 	if ms <= 0 {
@@ -139,7 +153,7 @@ func (s *MarkerStore) Set(ctx context.Context, jobID string, generation int64, t
 	n, err := setMarkerScript.Run(ctx, s.client, []string{key},
 		strconv.FormatInt(generation, 10), ms).Int64()
 	if err != nil {
-		return false, done(fmt.Errorf("key %s: %w", key, err))
+		return false, done(badMarkerReply(key, err))
 	}
 	switch n {
 	case 1:
@@ -155,7 +169,7 @@ func (s *MarkerStore) Set(ctx context.Context, jobID string, generation int64, t
 //
 // Errors: a call that exceeded the store's timeout (wrapping
 // context.DeadlineExceeded); ErrBadMarker naming the key when its value is
-// not a decimal integer; any other Redis error, wrapped. The start guard
+// not a decimal integer or not a string; any other Redis error, wrapped. The start guard
 // treats every error as "cannot tell" and does not run the task.
 func (s *MarkerStore) Get(ctx context.Context, jobID string) (generation int64, found bool, err error) {
 	key := MarkerKey(jobID)
@@ -165,7 +179,7 @@ func (s *MarkerStore) Get(ctx context.Context, jobID string) (generation int64, 
 		return 0, false, done(nil)
 	}
 	if err != nil {
-		return 0, false, done(fmt.Errorf("key %s: %w", key, err))
+		return 0, false, done(badMarkerReply(key, err))
 	}
 	g, perr := strconv.ParseInt(v, 10, 64)
 	if perr != nil {

@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jobreaper/jobreaper/queue"
@@ -22,21 +23,39 @@ func (r *Reaper) markerWritten(ctx context.Context, jobID string, generation int
 // to now, the pass's database clock reading taken just before (no second
 // clock query); the marker's compare-and-set keeps a marker that is
 // already there.
+//
+// One bad key never stops the others: a key holding something jobreaper
+// never writes (queue.ErrBadMarker) is an error of the pass naming the key,
+// once per pass, and the loop goes on. A failure that is not about one key
+// (Redis unreachable, the call's timeout) ends the repair for this pass,
+// since every later write would wait for the same timeout; the rest are
+// retried next pass. A failed read of the list of missing markers is a
+// database error of the pass (stage load), not a marker write failure.
 func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) {
 	if ctx.Err() != nil {
 		return
 	}
 	missing, err := r.store.ListMissingMarkers(ctx, now, queue.MarkerTTL, 0)
 	if err != nil {
-		r.failed(ctx, res, stageMarker, "looking for missing markers failed; retried next pass", "err", err)
+		r.failed(ctx, res, stageLoad, "looking for missing markers failed; retried next pass", "err", err)
 		return
 	}
-	for _, m := range missing {
+	for i, m := range missing {
+		if ctx.Err() != nil {
+			return
+		}
 		ttl := queue.MarkerRemaining(m.ReapedAt, now)
 		set, err := r.markers.Set(ctx, m.JobID, m.Generation, ttl)
+		if errors.Is(err, queue.ErrBadMarker) {
+			r.failed(ctx, res, stageMarker, "marker repair failed: the key holds a value jobreaper never writes; "+
+				"delete the key and the next pass writes the marker (the FAILED row still refuses the task)",
+				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "generation", m.Generation, "err", err)
+			continue
+		}
 		if err != nil {
-			r.failed(ctx, res, stageMarker, "marker repair failed; retried next pass", "job_id", m.JobID, "err", err)
-			return // Redis is likely still down: try the rest next pass
+			r.failed(ctx, res, stageMarker, "marker repair failed; Redis looks unavailable, the remaining markers are retried next pass",
+				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "remaining", len(missing)-i, "err", err)
+			return
 		}
 		r.markerWritten(ctx, m.JobID, m.Generation)
 		if !set {

@@ -31,6 +31,14 @@ const (
 	stageMarker = "marker"
 )
 
+// Pass outcomes label jobreaper_passes_total.
+const (
+	outcomeOK        = "ok"
+	outcomeErrors    = "errors"
+	outcomeFailed    = "failed"
+	outcomeCancelled = "cancelled"
+)
+
 // NewMetrics creates the reaper's metrics and registers them with reg. It
 // panics if they are already registered there (a programming error, as
 // with prometheus.MustRegister).
@@ -38,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_passes_total",
-			Help: "Reaper passes by outcome: ok (no errors), errors (ran with errors), failed (could not run).",
+			Help: "Reaper passes by outcome: ok (no errors), errors (ran with errors), failed (could not run), cancelled (stopped before it finished, by a shutdown).",
 		}, []string{"outcome"}),
 		scanned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jobreaper_tasks_scanned_total",
@@ -54,11 +62,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_pass_errors_total",
-			Help: "Errors inside reaper passes, by stage (clock, queues, list, load, reap, marker).",
+			Help: "Errors inside reaper passes, by stage: clock, queues, list (asynq lists and lookups), load (database reads), reap, marker (marker writes).",
 		}, []string{"stage"}),
 		markersFailed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jobreaper_markers_failed_total",
-			Help: "Reaped jobs whose Redis marker could not be written (the FAILED row still guards).",
+			Help: "Marker writes that failed, at the reap or in a later pass's repair (the FAILED row still guards); database reads that fail are counted in jobreaper_pass_errors_total only.",
 		}),
 		markersFixed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jobreaper_markers_repaired_total",
@@ -75,12 +83,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jobreaper_last_success_timestamp_seconds",
-			Help: "Unix time of the last pass that ran without errors; alert when it stops moving.",
+			Help: "Unix time of the last pass that ran to its end without errors; alert when it stops moving.",
 		}),
 	}
 	// Series of every known label value exist from the start at 0, so a
 	// rate() or an alert on them works before the first occurrence.
-	for _, o := range []string{"ok", "errors", "failed"} {
+	for _, o := range []string{outcomeOK, outcomeErrors, outcomeFailed, outcomeCancelled} {
 		m.passes.WithLabelValues(o)
 	}
 	for _, st := range []string{stageClock, stageQueues, stageList, stageLoad, stageReap, stageMarker} {
@@ -122,19 +130,18 @@ func (m *Metrics) queueMissing(queue string) {
 	}
 }
 
-func (m *Metrics) pass(res Result, seconds float64, failed bool, endUnix float64) {
+// pass records one pass that ended with outcome. Only an ok pass moves
+// jobreaper_last_success_timestamp_seconds; a failed pass adds no counts.
+func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix float64) {
 	if m == nil {
 		return
 	}
 	m.duration.Observe(seconds)
-	switch {
-	case failed:
-		m.passes.WithLabelValues("failed").Inc()
+	m.passes.WithLabelValues(outcome).Inc()
+	switch outcome {
+	case outcomeFailed:
 		return
-	case res.Errors > 0:
-		m.passes.WithLabelValues("errors").Inc()
-	default:
-		m.passes.WithLabelValues("ok").Inc()
+	case outcomeOK:
 		m.lastSuccess.Set(endUnix)
 	}
 	m.scanned.Add(float64(res.Scanned))

@@ -135,10 +135,13 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	res, err := r.pass(ctx)
 	end := time.Now()
-	r.opts.Metrics.pass(res, end.Sub(start).Seconds(), err != nil, float64(end.Unix()))
+	outcome := passOutcome(ctx, res, err)
+	r.opts.Metrics.pass(res, end.Sub(start).Seconds(), outcome, float64(end.Unix()))
 	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped,
 		"errors", res.Errors, "duration_ms", end.Sub(start).Milliseconds()}
 	switch {
+	case outcome == outcomeCancelled:
+		r.log.Info("pass stopped before its end (shutdown); not counted as a clean pass", attrs...)
 	case err != nil:
 		r.log.Error("pass could not run", append(attrs, "err", err)...)
 	case res.Errors > 0:
@@ -149,6 +152,21 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 		r.log.Debug("pass finished", attrs...)
 	}
 	return res, err
+}
+
+// passOutcome labels a finished pass. A pass whose ctx was cancelled
+// (SIGTERM, Stop) skipped the rest of its work, and the errors it met
+// meanwhile were not counted, so it is never ok.
+func passOutcome(ctx context.Context, res Result, err error) string {
+	switch {
+	case err != nil && ctx.Err() == nil:
+		return outcomeFailed
+	case ctx.Err() != nil:
+		return outcomeCancelled
+	case res.Errors > 0:
+		return outcomeErrors
+	}
+	return outcomeOK
 }
 
 func (r *Reaper) pass(ctx context.Context) (Result, error) {

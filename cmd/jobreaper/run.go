@@ -175,6 +175,12 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	if res.Errors > 0 {
 		return &exitError{code: exitPassErrors}
 	}
+	if ctx.Err() != nil {
+		// A signal stopped the pass before its end: what it did is in the
+		// summary, but it did not look at everything, so it is not clean.
+		log.Warn("the pass was stopped by a signal before its end; run it again")
+		return &exitError{code: exitPassErrors}
+	}
 	return nil
 }
 
