@@ -3,6 +3,9 @@ package reaper_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,4 +161,39 @@ func miniRedisClient(t *testing.T) *redis.Client {
 	rc := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
 	return rc
+}
+
+// B33's rule holds for every ID jobs.CheckID refuses: invalid UTF-8 and
+// IDs over jobs.MaxIDLength are skipped as bad_job_id (one warning per
+// queue), and the stalled job listed with them is reaped.
+func TestBadTaskIDsAreSkippedBeforeTheLoad(t *testing.T) {
+	t.Parallel()
+	logs := &logBuffer{}
+	b := setup(t, func(o *reaper.Options) {
+		o.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), nil))
+	})
+	b.stalled(t, "J1")
+	long := strings.Repeat("L", jobs.MaxIDLength+1)
+	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"bad\xff", "J1", long}}
+	b.lister.queues["other"] = queue.ActiveTasks{IDs: []string{"nul\x00"}}
+	res, err := b.reaper.RunOnce(context.Background())
+	if err != nil || res.Reaped != 1 || res.Errors != 0 || res.Scanned != 4 || !equalCounts(res.Skipped, map[string]int{"bad_job_id": 3}) {
+		t.Fatalf("result = %+v, err %v; want J1 reaped and 3 IDs skipped as bad_job_id", res, err)
+	}
+	if got := b.db.Read(t, "J1").Status; got != jobs.StatusFailed {
+		t.Fatalf("J1 = %s, want FAILED", got)
+	}
+	lines := logs.take()
+	for q, want := range map[string]string{"default": `job_ids="\"bad\\xff\" \"LLLL`, "other": `job_ids="\"nul\\x00\""`} {
+		if n := countLines(lines, "level=WARN", "queue="+q+" reason=bad_job_id"); n != 1 {
+			t.Fatalf("%d warnings for queue %s, want 1:\n%s", n, q, strings.Join(lines, "\n"))
+		}
+		if n := countLines(lines, "queue="+q+" reason=bad_job_id", want); n != 1 {
+			t.Fatalf("the warning for queue %s does not show the IDs escaped (%s):\n%s", q, want, strings.Join(lines, "\n"))
+		}
+	}
+	// The lister's lists are the caller's: the filter leaves them as they were.
+	if ids := b.lister.queues["default"].IDs; len(ids) != 3 || ids[0] != "bad\xff" {
+		t.Fatalf("the lister's list was modified: %q", ids)
+	}
 }
