@@ -29,16 +29,25 @@ type AdvanceResult struct {
 }
 
 const advanceLockSQL = `
-SELECT status, generation, coalesce(failure_reason, ''), "cursor", total
+SELECT status, generation, coalesce(failure_reason, ''), "cursor", total, first_generation
   FROM {schema}.jobs WHERE id = $1 FOR UPDATE`
 
+// batchByTokenSQL finds a token recorded in the job's current life: at a
+// generation at or above the life's first. A token of an earlier life of
+// the ID (the row was deleted and inserted again) is not a replay.
 const batchByTokenSQL = `
 SELECT generation, expected_cursor, count, cursor_after
-  FROM {schema}.job_batches WHERE job_id = $1 AND token = $2`
+  FROM {schema}.job_batches WHERE job_id = $1 AND token = $2 AND generation >= $3`
 
+// recordBatchSQL records a new token. The same token of an earlier life of
+// the ID, the only one the lookup above lets through, is replaced.
 const recordBatchSQL = `
-INSERT INTO {schema}.job_batches (job_id, token, generation, expected_cursor, count, cursor_after)
-VALUES (@job_id, @token, @generation, @expected_cursor, @count, @cursor_after)`
+INSERT INTO {schema}.job_batches AS b (job_id, token, generation, expected_cursor, count, cursor_after)
+VALUES (@job_id, @token, @generation, @expected_cursor, @count, @cursor_after)
+ON CONFLICT (job_id, token) DO UPDATE
+   SET generation = EXCLUDED.generation, expected_cursor = EXCLUDED.expected_cursor,
+       count = EXCLUDED.count, cursor_after = EXCLUDED.cursor_after, at = now()
+ WHERE b.generation < @first_generation`
 
 const moveCursorSQL = `
 UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
@@ -59,7 +68,8 @@ UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
 // Checks, in order, each returning an error (tx must then be rolled back):
 //   - a generation other than the lease's: ErrStaleWorker, with a
 //     late_result_rejected event written outside tx;
-//   - token recorded before for this job, by any generation: the same
+//   - token recorded before for this job, by any generation of the job's
+//     current life (not by an earlier life of a reused ID): the same
 //     expectedCursor and count return the stored cursor with Replayed, even
 //     when the job has ended since; other content returns ErrTokenConflict;
 //   - status not PROCESSING: ErrJobTerminal (COMPLETED or FAILED) or
@@ -86,11 +96,11 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 	}
 
 	var (
-		st     jobState
-		cursor int64
-		total  *int64
+		st               jobState
+		cursor, firstGen int64
+		total            *int64
 	)
-	err := tx.QueryRow(ctx, s.q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total)
+	err := tx.QueryRow(ctx, s.q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total, &firstGen)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AdvanceResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}
@@ -102,7 +112,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 	}
 
 	var rec struct{ generation, expected, count, after int64 }
-	err = tx.QueryRow(ctx, s.q(batchByTokenSQL), lease.JobID, token).Scan(&rec.generation, &rec.expected, &rec.count, &rec.after)
+	err = tx.QueryRow(ctx, s.q(batchByTokenSQL), lease.JobID, token, firstGen).Scan(&rec.generation, &rec.expected, &rec.count, &rec.after)
 	switch {
 	case err == nil && rec.expected == expectedCursor && rec.count == count:
 		return AdvanceResult{Cursor: rec.after, Replayed: true, Generation: rec.generation}, done(nil)
@@ -127,11 +137,18 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 	}
 
 	after := cursor + count
-	args := namedLease(lease, "token", token, "expected_cursor", expectedCursor, "count", count, "cursor_after", after)
-	if _, err := tx.Exec(ctx, s.q(recordBatchSQL), args); err != nil {
+	args := namedLease(lease, "token", token, "expected_cursor", expectedCursor, "count", count, "cursor_after", after,
+		"first_generation", firstGen)
+	tag, err := tx.Exec(ctx, s.q(recordBatchSQL), args)
+	if err != nil {
 		return AdvanceResult{}, done(fmt.Errorf("recording batch %q of job %s: %w", token, lease.JobID, err))
 	}
-	tag, err := tx.Exec(ctx, s.q(moveCursorSQL), args)
+	if tag.RowsAffected() != 1 {
+		// Unreachable while the row lock is held: the lookup found no
+		// record of this life, so a conflict can only be an earlier life's.
+		return AdvanceResult{}, done(fmt.Errorf("job %s: batch %q is recorded in this life although the lookup found none", lease.JobID, token))
+	}
+	tag, err = tx.Exec(ctx, s.q(moveCursorSQL), args)
 	if err != nil {
 		return AdvanceResult{}, done(fmt.Errorf("moving the cursor of job %s: %w", lease.JobID, err))
 	}

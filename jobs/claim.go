@@ -22,7 +22,7 @@ WITH claimed AS (
        AND generation = @expected_generation
        AND status IN ('QUEUED', 'PROCESSING')
  RETURNING id, generation, worker, type, coalesce(queue, ''), coalesce(parent_id, ''),
-           coalesce(tenant_id, ''), "cursor", coalesce(total, 0), started_at
+           coalesce(tenant_id, ''), "cursor", coalesce(total, 0), started_at, first_generation
 ), event AS (
     INSERT INTO {schema}.job_events (job_id, kind, generation, worker, at)
     SELECT id, 'claimed', generation, worker, now() FROM claimed
@@ -43,7 +43,7 @@ func (s *Store) Claim(ctx context.Context, jobID string, expectedGeneration int6
 	var l Lease
 	err := s.db.QueryRow(ctx, s.q(claimSQL), pgx.NamedArgs{
 		"job_id": jobID, "expected_generation": expectedGeneration, "worker": worker,
-	}).Scan(&l.JobID, &l.Generation, &l.Worker, &l.Type, &l.Queue, &l.ParentID, &l.TenantID, &l.Cursor, &l.Total, &l.StartedAt)
+	}).Scan(&l.JobID, &l.Generation, &l.Worker, &l.Type, &l.Queue, &l.ParentID, &l.TenantID, &l.Cursor, &l.Total, &l.StartedAt, &l.FirstGeneration)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Lease{}, done(fmt.Errorf("job %s generation %d: %w", jobID, expectedGeneration, ErrClaimLost))
 	}

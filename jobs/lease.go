@@ -28,19 +28,34 @@ type Lease struct {
 	Total int64
 	// StartedAt is the attempt's start on the database clock.
 	StartedAt time.Time
+	// FirstGeneration is the generation the job's current life started at
+	// (jobs.first_generation): 0 for an ID's first life inserted with the
+	// default generation, and above every generation of the ID's earlier
+	// lives when the product deleted the row and inserted the ID again (see
+	// README, "A job ID's lives"). Generation is at or above it.
+	FirstGeneration int64
 }
 
 // FencingToken returns "<job id>:<generation>". It changes with every
 // attempt: give it to other systems that must refuse writes of an older
-// attempt.
+// attempt. It differs between the lives of a reused job ID too, since a new
+// life's generations start above every earlier one's.
 func (l Lease) FencingToken() string {
 	return l.JobID + ":" + strconv.FormatInt(l.Generation, 10)
 }
 
-// IdempotencyKey returns "<job id>:<step>". It is the same for every attempt
-// of the job: give it to an external API (a model call, a payment) so that a
-// retried attempt is not billed twice for the same step.
+// IdempotencyKey returns "<job id>:<step>" in the first life of a job ID
+// (FirstGeneration 0), and "<job id>@<first generation>:<step>" in a later
+// one. It is the same for every attempt of one life: give it to an external
+// API (a model call, a payment) so that a retried attempt is not billed
+// twice for the same step. It differs between lives, so a job ID the
+// product deletes and inserts again ("run this report again") is billed
+// again. A job in flight when the lives migration was applied has
+// FirstGeneration 0 and keeps its key.
 func (l Lease) IdempotencyKey(step string) string {
+	if l.FirstGeneration > 0 {
+		return fmt.Sprintf("%s@%d:%s", l.JobID, l.FirstGeneration, step)
+	}
 	return fmt.Sprintf("%s:%s", l.JobID, step)
 }
 

@@ -28,6 +28,10 @@ const LoadBatchSize = 5000
 type Snapshot struct {
 	ID, Type, Status string
 	Generation       int64
+	// FirstGeneration is the generation the job's current life started at
+	// (see Lease.FirstGeneration); Generation equals it until the life's
+	// first claim.
+	FirstGeneration int64
 	// Worker, Queue, ParentID are "" when NULL.
 	Worker, Queue, ParentID string
 	// StartedAt is nil when the row has no start time (never claimed).
@@ -55,7 +59,8 @@ type Limits struct {
 const snapshotColumns = `
     j.id, j.type, j.status, j.generation, coalesce(j.worker, ''), coalesce(j.queue, ''),
     coalesce(j.parent_id, ''), j.started_at, j.updated_at, coalesce(j.failure_reason, ''),
-    t.name IS NOT NULL, t.max_runtime, t.stall_timeout, t.hard_timeout, coalesce(t.auto_complete, false)`
+    t.name IS NOT NULL, t.max_runtime, t.stall_timeout, t.hard_timeout, coalesce(t.auto_complete, false),
+    j.first_generation`
 
 // LoadForTasks reads the job rows with the given IDs and their type limits,
 // in queries of at most LoadBatchSize IDs each (never one query per task).
@@ -115,7 +120,7 @@ func scanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 	)
 	err := row.Scan(&sn.ID, &sn.Type, &sn.Status, &sn.Generation, &sn.Worker, &sn.Queue,
 		&sn.ParentID, &started, &sn.UpdatedAt, &sn.FailureReason,
-		&known, &maxRun, &stall, &hardTO, &auto)
+		&known, &maxRun, &stall, &hardTO, &auto, &sn.FirstGeneration)
 	if err != nil {
 		return sn, err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/jobs"
 )
@@ -62,15 +63,23 @@ type EnqueueStore interface {
 // asynq replaces a group's member tasks by one aggregated task whose ID is
 // no job's, which the start guard can never claim.
 //
+// Enqueue cannot remove a task an earlier life of the job ID left in
+// asynq (it has no Inspector): Enqueuer.Enqueue does that.
+//
 // Errors: an error wrapping jobs.ErrInvalidArgument for a nil task; an
-// error wrapping jobs.ErrNotFound when the row is missing (the
-// row was not committed first); ErrTypeConflict; jobs.ErrJobTerminal when the job is
-// already COMPLETED or FAILED (requeue it first); ErrOptionConflict; asynq.ErrTaskIDConflict
-// wrapped when a task with this ID already exists in the queue (asynq keeps
-// completed and archived tasks too); "queue.Enqueue timed out after 5s"
-// wrapping context.DeadlineExceeded; any other store or Redis error,
-// wrapped with the job ID.
+// error wrapping jobs.ErrNotFound when the row is missing (the row was not
+// committed first); ErrTypeConflict; jobs.ErrJobTerminal when the job is
+// already COMPLETED or FAILED (requeue it first); ErrOptionConflict;
+// asynq.ErrTaskIDConflict wrapped when a task with this ID already exists
+// in the queue (asynq keeps completed and archived tasks too); "queue.Enqueue
+// timed out after 5s" wrapping context.DeadlineExceeded; any other store or
+// Redis error, wrapped with the job ID.
 func Enqueue(ctx context.Context, client *asynq.Client, store EnqueueStore, task *asynq.Task, jobID string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	return enqueue(ctx, client, nil, store, task, jobID, opts)
+}
+
+// enqueue is Enqueue, and with insp Enqueuer.Enqueue.
+func enqueue(ctx context.Context, client *asynq.Client, insp *asynq.Inspector, store EnqueueStore, task *asynq.Task, jobID string, opts []asynq.Option) (*asynq.TaskInfo, error) {
 	if task == nil {
 		return nil, fmt.Errorf("queue.Enqueue: job %s: task is nil: %w", jobID, jobs.ErrInvalidArgument)
 	}
@@ -113,8 +122,87 @@ func Enqueue(ctx context.Context, client *asynq.Client, store EnqueueStore, task
 	all := append([]asynq.Option{asynq.TaskID(jobID), asynq.Queue(queue), asynq.Timeout(timeout)}, opts...)
 	cctx, done := opTimeout(ctx, "queue.Enqueue", EnqueueOpTimeoutDefault)
 	info, err := client.EnqueueContext(cctx, task, all...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) && newLife(row) {
+		if insp == nil {
+			return nil, done(fmt.Errorf("job %s in queue %q: %w (the row starts a new life of the ID and asynq may still hold an earlier life's task: queue.Enqueuer removes a completed or archived one)", jobID, queue, err))
+		}
+		var state asynq.TaskState
+		if state, err = removeEarlierLife(insp, queue, jobID); err != nil {
+			return nil, done(fmt.Errorf("job %s in queue %q: %w", jobID, queue, err))
+		}
+		if info, err = client.EnqueueContext(cctx, task, all...); err == nil {
+			return info, done(nil)
+		}
+		err = fmt.Errorf("after removing the %s task of an earlier life: %w", state, err)
+	}
 	if err != nil {
 		return nil, done(fmt.Errorf("job %s in queue %q: %w", jobID, queue, err))
 	}
 	return info, done(nil)
+}
+
+// newLife reports whether row is QUEUED and not claimed since it was
+// inserted (or since an UPDATE started a new life): no attempt of this
+// life ran, so no task asynq holds under the ID can be one this life
+// needs, unless it still waits to run.
+func newLife(row jobs.Snapshot) bool {
+	return row.Status == jobs.StatusQueued && row.Generation == row.FirstGeneration
+}
+
+// removeEarlierLife deletes jobID's task from queue when asynq will never
+// run it again (completed or archived), and returns the state it had. A
+// task that is pending, scheduled, waiting to retry or active may still be
+// this life's, so it is left alone and the conflict stands. The state is
+// read and the task deleted in two steps: between them only an operator
+// (Inspector.RunTask of the archived task) can move it, and Enqueue then
+// replaces that run by the new task of the same job.
+func removeEarlierLife(insp *asynq.Inspector, queue, jobID string) (asynq.TaskState, error) {
+	info, err := insp.GetTaskInfo(queue, jobID)
+	if err != nil {
+		return 0, fmt.Errorf("%w, and reading that task failed: %w", asynq.ErrTaskIDConflict, err)
+	}
+	if info.State != asynq.TaskStateCompleted && info.State != asynq.TaskStateArchived {
+		return info.State, fmt.Errorf("%w: asynq holds the job's task %s, which may still run, so it is not removed", asynq.ErrTaskIDConflict, info.State)
+	}
+	if err := insp.DeleteTask(queue, jobID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		return info.State, fmt.Errorf("%w, and removing the earlier life's %s task failed: %w", asynq.ErrTaskIDConflict, info.State, err)
+	}
+	return info.State, nil
+}
+
+// Enqueuer enqueues the tasks of job rows like Enqueue and, for a job ID
+// the product reused, first removes the task an earlier life of the ID
+// left in asynq: asynq keeps completed tasks for their retention and
+// archived ones for 90 days, and refuses a second task with the same ID
+// meanwhile. It is safe for concurrent use.
+type Enqueuer struct {
+	client *asynq.Client
+	insp   *asynq.Inspector
+	store  EnqueueStore
+}
+
+// NewEnqueuer returns an Enqueuer over rdb (build it with
+// ContextTimeoutEnabled: true, as for NewMarkerStore) that reads job rows
+// through store.
+func NewEnqueuer(rdb redis.UniversalClient, store EnqueueStore) *Enqueuer {
+	return &Enqueuer{
+		client: asynq.NewClientFromRedisClient(rdb),
+		insp:   asynq.NewInspectorFromRedisClient(rdb),
+		store:  store,
+	}
+}
+
+// Enqueue enqueues task as the task of job jobID, as the package's Enqueue
+// does (same options, checks and errors), with one difference: when asynq
+// already holds a task with the ID and the row starts a new life (QUEUED,
+// and its generation is still the life's first: no claim since the row was
+// inserted), a completed or archived task is an earlier life's, or one
+// this life never got to run: it is removed, and the task enqueued. A row
+// of this life was never claimed then, so the removed task carried no
+// attempt of it. A pending, scheduled, retry or active task is never
+// removed (it may still run this life's attempt), nor is any task of a row
+// claimed in its life (requeue such a job as README describes): the error
+// wraps asynq.ErrTaskIDConflict and names the task's state.
+func (e *Enqueuer) Enqueue(ctx context.Context, task *asynq.Task, jobID string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	return enqueue(ctx, e.client, e.insp, e.store, task, jobID, opts)
 }

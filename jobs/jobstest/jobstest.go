@@ -180,6 +180,8 @@ type Row struct {
 	ProgressMark int64
 	// Finished: finished_at is set.
 	Finished bool
+	// FirstGeneration is the generation the row's life started at.
+	FirstGeneration int64
 }
 
 // Read returns job id's row, failing the test when it is missing.
@@ -187,10 +189,11 @@ func (d *DB) Read(t testing.TB, id string) Row {
 	t.Helper()
 	var r Row
 	err := d.Pool.QueryRow(context.Background(), `SELECT status, generation, coalesce(failure_reason, ''),
-       updated_at, "cursor", coalesce(worker, ''), coalesce(total, -1), progress_mark, finished_at IS NOT NULL
+       updated_at, "cursor", coalesce(worker, ''), coalesce(total, -1), progress_mark, finished_at IS NOT NULL,
+       first_generation
   FROM `+d.Table("jobs")+` WHERE id = $1`, id).
 		Scan(&r.Status, &r.Generation, &r.FailureReason, &r.UpdatedAt, &r.Cursor, &r.Worker,
-			&r.Total, &r.ProgressMark, &r.Finished)
+			&r.Total, &r.ProgressMark, &r.Finished, &r.FirstGeneration)
 	if err != nil {
 		t.Fatalf("reading job %s: %v", id, err)
 	}
