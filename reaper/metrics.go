@@ -19,6 +19,7 @@ type Metrics struct {
 	queueNotFound *prometheus.CounterVec
 	duration      prometheus.Histogram
 	lastSuccess   prometheus.Gauge
+	reconcile     *reconcileMetrics
 }
 
 // Error stages label jobreaper_pass_errors_total.
@@ -101,6 +102,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound} {
 		m.skipped.WithLabelValues(string(reason))
 	}
+	m.reconcile = newReconcileMetrics(reg)
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
 		m.queueNotFound, m.duration, m.lastSuccess)
 	return m

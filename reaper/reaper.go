@@ -61,6 +61,9 @@ type Options struct {
 	Metrics *Metrics
 	// Clock drives the daemon loop (default the real clock).
 	Clock clockwork.Clock
+	// Eviction, when set, is asked for Redis's maxmemory-policy at the
+	// first pass and every EvictionCheckInterval after (checkEviction).
+	Eviction EvictionChecker
 }
 
 // Result is what one pass did. Its JSON form is the output of
@@ -98,6 +101,8 @@ type Reaper struct {
 	markers Markers
 	opts    Options
 	log     *slog.Logger
+
+	eviction evictionState
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -171,6 +176,9 @@ func passOutcome(ctx context.Context, res Result, err error) string {
 
 func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	res := newResult()
+	// Redis's eviction policy, at the first pass and hourly; never an
+	// error of the pass.
+	r.checkEviction(ctx)
 	// Step 1: one clock reading, from the database that wrote the timestamps.
 	now, err := r.store.Now(ctx)
 	if err != nil {

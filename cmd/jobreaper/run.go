@@ -150,6 +150,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		Rule:     cfg.StallRule(),
 		Logger:   log,
 		Metrics:  metrics,
+		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
 	}
 	if jitter {
 		opts.StartJitter = cfg.StartJitter
