@@ -18,19 +18,19 @@ import (
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
-// logBuffer collects log lines of concurrent writers.
-type logBuffer struct {
+// evictionLogs collects log lines of concurrent writers.
+type evictionLogs struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
+func (l *evictionLogs) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.Write(p)
 }
 
-func (l *logBuffer) count(substr string) int {
+func (l *evictionLogs) count(substr string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return strings.Count(l.buf.String(), substr)
@@ -38,13 +38,13 @@ func (l *logBuffer) count(substr string) int {
 
 // evictionReaper runs passes over no queue against a Redis of the test's
 // own, so that only the eviction check has anything to do.
-func evictionReaper(t *testing.T, srv *redistest.Server) (*reaper.Reaper, *prometheus.Registry, *logBuffer, *clockwork.FakeClock) {
+func evictionReaper(t *testing.T, srv *redistest.Server) (*reaper.Reaper, *prometheus.Registry, *evictionLogs, *clockwork.FakeClock) {
 	t.Helper()
 	db := jobstest.New(t)
 	client := srv.Client(t)
 	markers := newMarkers(t, client)
 	reg := prometheus.NewRegistry()
-	logs := &logBuffer{}
+	logs := &evictionLogs{}
 	clock := clockwork.NewFakeClock()
 	r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{"none": {}}}, markers, reaper.Options{
 		Queues: []string{"none"}, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Clock: clock, Eviction: queue.NewPolicyReader(client, 0),
