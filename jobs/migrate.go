@@ -36,6 +36,12 @@ var migrationFiles embed.FS
 // pooler (where a session-level lock or SET would land on whichever server
 // connection the pooler picked).
 //
+// Before it creates anything it looks for tables, indexes and functions
+// that a pending migration would create and that already exist in schema
+// without being jobreaper's (a product's own jobs table, typically); if
+// there are any it changes nothing, not even the version table, and
+// returns an error wrapping ErrSchemaConflict that names them.
+//
 // It returns the versions applied (empty when the schema was current) and an
 // error wrapping the driver's when PostgreSQL cannot be reached or a
 // migration fails.
@@ -52,6 +58,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, e
 	defer func() { _ = lockTx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := lockTx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrateLockID(schema)); err != nil {
 		return nil, fmt.Errorf("jobs.Migrate: waiting for the migration lock of schema %q: %w", schema, err)
+	}
+	// Checked under the lock and before anything is created, so a refused
+	// run leaves no schema and no version table behind.
+	if err := checkConflicts(ctx, lockTx, schema); err != nil {
+		return nil, fmt.Errorf("jobs.Migrate: %w", err)
 	}
 	// Created after the lock: two concurrent CREATE SCHEMA IF NOT EXISTS
 	// can both try to insert it, and one fails.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -19,6 +20,12 @@ func (a *app) migrateCmd() *cobra.Command {
 pending migration (job_types, jobs, job_events, job_batches). Running it again
 applies nothing. Concurrent runs against one schema wait for each other.
 It contacts only PostgreSQL, and prints the versions it applied.
+
+Before it changes anything it checks --schema for tables (and indexes and
+functions) it would create that already exist and are not jobreaper's, such
+as a product's own jobs table in public: if there are any, it changes
+nothing, names them and exits 2. Give jobreaper a schema of its own then
+(--schema jobreaper) and the same --schema to run and to the workers.
 
 It checks only --database-url, --schema, --op-timeout and the log settings:
 the daemon's other settings (the stall rule, --redis-url, --queues,
@@ -39,6 +46,10 @@ since it may be a misspelt --schema.`,
 			}
 			defer pool.Close()
 			applied, err := jobs.Migrate(ctx, pool, cfg.Schema)
+			if errors.Is(err, jobs.ErrSchemaConflict) {
+				// The error names the objects and suggests --schema.
+				return cannotRun("migrate refused: %s", strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.Migrate: "), ": "+jobs.ErrSchemaConflict.Error()))
+			}
 			if err != nil {
 				return cannotRun("migrating schema %q of the PostgreSQL database %s failed: %v; nothing after the failed version was applied, fix the cause and run migrate again",
 					cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
