@@ -76,6 +76,7 @@ func TestWithDefaults(t *testing.T) {
 			StallTimeout:      15 * time.Minute,
 			HeartbeatInterval: 5 * time.Minute,
 			PageSize:          1000,
+			Lister:            "ids",
 			MetricsAddr:       "127.0.0.1:9468",
 			LogLevel:          "info",
 			LogFormat:         "text",

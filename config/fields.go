@@ -41,6 +41,7 @@ var settings = []setting{
 	{key: "stall_timeout", usage: "idle time after which a job past its max_runtime is reaped, for types without their own; at least 2 x heartbeat-interval + interval (Go duration)"},
 	{key: "heartbeat_interval", usage: "longest gap between two heartbeats of a live worker: the interval the workers give jobs.NewHeartbeater, which it must equal (Go duration)"},
 	{key: "page_size", usage: "active tasks fetched per Redis page, at least 1000 (tasks)"},
+	{key: "lister", usage: `how active tasks are listed: "ids" reads asynq's active lists directly (task IDs only), "inspector" goes through asynq's Inspector`},
 	{key: "metrics_addr", usage: `host:port serving /metrics and /healthz; "off" starts no server`},
 	{key: "log_level", usage: "log level: debug, info, warn or error (logs go to stderr)"},
 	{key: "log_format", usage: "log format: text or json"},

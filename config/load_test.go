@@ -104,6 +104,7 @@ queues: [file-a, file-b]
 			"JOBREAPER_DATABASE_URL=postgres://env@db/app", "JOBREAPER_REDIS_URL=redis://env:6379/2",
 			"JOBREAPER_SCHEMA=jr", "JOBREAPER_QUEUES=a,b", "JOBREAPER_INTERVAL=2m",
 			"JOBREAPER_STALL_TIMEOUT=20m", "JOBREAPER_HEARTBEAT_INTERVAL=4m", "JOBREAPER_PAGE_SIZE=2000",
+			"JOBREAPER_LISTER=inspector",
 			"JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
 			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
 		}
@@ -114,7 +115,7 @@ queues: [file-a, file-b]
 		want := Config{
 			DatabaseURL: "postgres://env@db/app", RedisURL: "redis://env:6379/2", Schema: "jr",
 			Queues: []string{"a", "b"}, Interval: 2 * time.Minute, StallTimeout: 20 * time.Minute,
-			HeartbeatInterval: 4 * time.Minute, PageSize: 2000,
+			HeartbeatInterval: 4 * time.Minute, PageSize: 2000, Lister: "inspector",
 			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
 		}
 		if !reflect.DeepEqual(got, want) {

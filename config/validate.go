@@ -75,6 +75,9 @@ func (c Config) Validate() error {
 	if c.PageSize < PageSizeMin {
 		v.addf("page_size", "page_size %d is below the minimum %d: asynq re-checks every expired lease on each page, so small pages multiply that cost", c.PageSize, PageSizeMin)
 	}
+	if c.Lister != ListerIDs && c.Lister != ListerInspector {
+		v.addf("lister", "lister %q is not a lister: use %s or %s", c.Lister, ListerIDs, ListerInspector)
+	}
 	if c.Interval > 0 && c.HeartbeatInterval > 0 && c.StallTimeout > 0 && c.StallTimeout < c.MinStallTimeout() {
 		v.add(&FieldError{
 			Key:     "stall_timeout",

@@ -55,6 +55,8 @@ func TestValidate(t *testing.T) {
 			[]string{"start_jitter -1s is negative"}},
 		{"RefusesPageSizeBelowMinimum", func(c *Config) { c.PageSize = 999 }, "page_size",
 			[]string{"page_size 999 is below the minimum 1000"}},
+		{"RefusesUnknownLister", func(c *Config) { c.Lister = "raw" }, "lister",
+			[]string{`lister "raw" is not a lister: use ids or inspector`}},
 		{"RefusesMetricsAddrWithoutPort", func(c *Config) { c.MetricsAddr = "localhost" }, "metrics_addr",
 			[]string{`metrics_addr "localhost" is not host:port`}},
 		{"RefusesMetricsAddrWithBadPort", func(c *Config) { c.MetricsAddr = ":70000" }, "metrics_addr",

@@ -26,6 +26,10 @@ type ActiveTasks struct {
 	// EmptyIDs counts active entries whose task hash is gone: asynq lists
 	// them with an empty ID, so they name no job.
 	EmptyIDs int
+	// Broken names those entries when the lister can tell (IDLister reads
+	// the raw list, which still holds the ID; the Inspector cannot), sorted,
+	// each once, for reconciling them. Their IDs are not in IDs.
+	Broken []string
 	// NotFound is true when asynq has never seen the queue (it is not in
 	// asynq:queues); IDs is then empty. The reaper warns and counts it,
 	// since the configured name may be a typo.

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -257,7 +259,6 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict) {
 // sorted and without duplicates, and the queues that were listed
 // completely (a queue asynq never saw counts as listed and empty).
 func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (ids, listed []string) {
-	seen := map[string]bool{}
 	for _, q := range queues {
 		tasks, err := r.lister.ListActive(ctx, q)
 		if err != nil {
@@ -272,18 +273,38 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 		}
 		res.Scanned += len(tasks.IDs) + tasks.EmptyIDs
 		if tasks.EmptyIDs > 0 {
-			r.log.Warn("active entries without a task ID skipped", "queue", q, "count", tasks.EmptyIDs)
+			attrs := []any{"queue", q, "count", tasks.EmptyIDs}
+			if len(tasks.Broken) > 0 {
+				attrs = append(attrs, "task_ids", brokenSample(tasks.Broken))
+			}
+			r.log.Warn("active entries whose task hash is gone skipped", attrs...)
 			res.skip(SkipNoJobID, tasks.EmptyIDs)
 		}
-		for _, id := range r.dropBadIDs(q, tasks.IDs, res) {
-			if !seen[id] {
-				seen[id] = true
-				ids = append(ids, id)
-			}
-		}
+		ids = append(ids, r.dropBadIDs(q, tasks.IDs, res)...)
 	}
+	// Sorted and compacted rather than deduplicated through a map: the ID
+	// list is the one thing a pass holds in proportion to the active tasks.
 	slices.Sort(ids)
-	return ids, listed
+	return slices.Compact(ids), listed
+}
+
+// brokenSampleMax bounds how many IDs of broken active entries one warning
+// names, so that a queue whose hashes were all lost logs one short line.
+const brokenSampleMax = 20
+
+// brokenSample returns the IDs of broken entries for a log line: at most
+// brokenSampleMax of them, each quoted with Go escapes (an ID may hold any
+// byte), separated by spaces, with "..." when there are more.
+func brokenSample(ids []string) string {
+	quoted := make([]string, 0, min(len(ids), brokenSampleMax)+1)
+	for i, id := range ids {
+		if i == brokenSampleMax {
+			quoted = append(quoted, "...")
+			break
+		}
+		quoted = append(quoted, strconv.QuoteToASCII(id))
+	}
+	return strings.Join(quoted, " ")
 }
 
 // reap runs the compare-and-set and, when it changed the row, sets the

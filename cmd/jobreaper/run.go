@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
@@ -129,9 +130,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		closeAll()
 		return nil, cannotRun("%v", err)
 	}
-	// The Inspector shares rdb and is not closed itself: asynq refuses to
-	// close a shared connection; closing rdb is enough.
-	lister, err := queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), queue.WithPageSize(cfg.PageSize))
+	lister, err := newLister(cfg, rdb)
 	if err != nil {
 		closeAll()
 		return nil, cannotRun("%v; check --page-size", err)
@@ -270,4 +269,14 @@ func queuesAttr(queues []string) string {
 		return "(every queue asynq knows)"
 	}
 	return strings.Join(queues, ",")
+}
+
+// newLister returns the lister cfg.Lister names. The Inspector shares rdb
+// and is not closed itself: asynq refuses to close a shared connection;
+// closing rdb is enough.
+func newLister(cfg config.Config, rdb *redis.Client) (reaper.Lister, error) {
+	if cfg.Lister == config.ListerInspector {
+		return queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), queue.WithPageSize(cfg.PageSize))
+	}
+	return queue.NewIDLister(rdb, queue.WithPageSize(cfg.PageSize))
 }
