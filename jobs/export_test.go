@@ -26,3 +26,19 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, schema string, version
 	_, err = provider.UpTo(ctx, version)
 	return err
 }
+
+// The statements whose plans TestPlansHoldOnStaleStatistics checks.
+const (
+	LoadSQL           = loadSQL
+	ReapBatchSQL      = reapBatchSQL
+	MarkersSetSQL     = markersSetSQL
+	LostCandidatesSQL = lostCandidatesSQL
+	ReadStateSQL      = readStateSQL
+	PinPlansSQL       = pinPlansSQL
+)
+
+// Args exposes the stall rule's named arguments.
+func (r StallRule) Args() map[string]any { return r.args() }
+
+// Q exposes q: sql with {schema} rendered as the Store's schema.
+func (s *Store) Q(sql string) string { return s.q(sql) }

@@ -22,15 +22,51 @@ type MissingMarker struct {
 	ReapedAt time.Time
 }
 
+// MarkerRef names the marker of one reap: the job and the generation it
+// was reaped at.
+type MarkerRef struct {
+	JobID      string
+	Generation int64
+}
+
+// markersSetSQL records written markers. The rows are named by id =
+// ANY(@ids), which only the primary key serves; the status is compared
+// under COLLATE "C" so that the clause does not match the predicate of the
+// partial index jobs_failed_finished_idx (see StallPredicate): on a table
+// whose statistics say no row is FAILED the planner would otherwise read
+// that whole index for each call.
+const markersSetSQL = `
+UPDATE {schema}.jobs j SET marker_set_at = now()
+  FROM unnest(@ids::text[], @generations::int8[]) AS m(id, generation)
+ WHERE j.id = ANY(@ids::text[]) AND j.id = m.id AND j.generation = m.generation
+   AND j.status COLLATE "C" = 'FAILED' AND j.marker_set_at IS NULL`
+
 // MarkMarkerSet records that the marker of jobID's reap at generation was
 // written, so ListMissingMarkers no longer returns the job. It changes
 // nothing when the row has moved on (another generation, not FAILED).
 // It returns a wrapped driver error when PostgreSQL fails.
 func (s *Store) MarkMarkerSet(ctx context.Context, jobID string, generation int64) error {
 	ctx, done := s.op(ctx, "MarkMarkerSet")
-	_, err := s.db.Exec(ctx, s.q(`UPDATE {schema}.jobs SET marker_set_at = now()
- WHERE id = $1 AND generation = $2 AND status = 'FAILED' AND marker_set_at IS NULL`), jobID, generation)
-	return done(err)
+	return done(s.markMarkersSet(ctx, []MarkerRef{{JobID: jobID, Generation: generation}}))
+}
+
+// MarkMarkersSet records, in one statement, that the markers of refs were
+// written (see MarkMarkerSet); the reaper calls it once per batch of
+// reaps. It returns a wrapped driver error when PostgreSQL fails.
+func (s *Store) MarkMarkersSet(ctx context.Context, refs []MarkerRef) error {
+	ctx, done := s.op(ctx, "MarkMarkersSet")
+	return done(s.markMarkersSet(ctx, refs))
+}
+
+func (s *Store) markMarkersSet(ctx context.Context, refs []MarkerRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	ids, gens := make([]string, len(refs)), make([]int64, len(refs))
+	for i, r := range refs {
+		ids[i], gens[i] = r.JobID, r.Generation
+	}
+	return pinnedExec(ctx, s.db, s.q(markersSetSQL), pgx.NamedArgs{"ids": ids, "generations": gens})
 }
 
 // ListMissingMarkers returns reaped jobs (failure_reason stalled or

@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,32 +53,21 @@ func (r StallRule) args() pgx.NamedArgs {
 // max_runtime and its idle time reaches the stall timeout. Every SQL form of
 // the rule (the reap UPDATE, set-based scans) uses this one fragment, and
 // reaper.Decide states the same rule in Go; one boundary table tests both.
+//
+// The status is compared under COLLATE "C" (the same answer for an
+// equality of these ASCII words) so that the clause does not match the
+// predicate of the partial index jobs_processing_queue_idx: a statement
+// that names jobs by ID then has the primary key as its only index,
+// however stale the statistics (an analyzed-while-empty partial index
+// looks free to the planner). A statement that wants that index, the
+// lost-task search, names j.status = 'PROCESSING' itself.
 const StallPredicate = `
-      j.status = 'PROCESSING'
+      j.status COLLATE "C" = 'PROCESSING'
   AND j.started_at IS NOT NULL
   AND coalesce(t.stall_timeout, @default_stall) >= @min_stall
   AND coalesce(t.hard_timeout, @default_hard) > t.max_runtime + coalesce(t.stall_timeout, @default_stall)
   AND now() - j.started_at > t.max_runtime
   AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)`
-
-// reapSQL is the reap's compare-and-set. marker_set_at is cleared: this
-// reap's marker is not written yet.
-const reapSQL = `
-UPDATE {schema}.jobs j
-   SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = NULL
-  FROM {schema}.job_types t
- WHERE j.id = @job_id
-   AND t.name = j.type
-   AND j.generation = @generation
-   AND j.updated_at = @updated_at
-   AND ` + StallPredicate + `
-RETURNING j.generation, coalesce(j.worker, ''), j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''),
-          j.started_at, j.updated_at,
-          (extract(epoch FROM now() - j.started_at) * 1000000)::bigint,
-          (extract(epoch FROM now() - j.updated_at) * 1000000)::bigint,
-          (extract(epoch FROM t.max_runtime) * 1000000)::bigint,
-          (extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) * 1000000)::bigint,
-          now()`
 
 // ReapParams names the job to reap and the state it was read in.
 type ReapParams struct {
@@ -121,13 +109,12 @@ func (e Evidence) detail() ([]byte, error) {
 	return json.Marshal(seconds{e, e.Runtime.Seconds(), e.Idle.Seconds(), e.MaxRuntime.Seconds(), e.StallTimeout.Seconds()})
 }
 
-// Reap fails a stalled job with a compare-and-set: one UPDATE whose WHERE
-// repeats the read generation and updated_at, status PROCESSING, and the
-// whole StallPredicate against the current job_types row and now(). A job
-// that progressed, was reclaimed, finished, or whose limits were raised
-// since the read changes 0 rows, and then nothing else is written. On 1 row
-// the same transaction appends a "reaped" event carrying the Evidence and
-// runs the type's on_failed cascade.
+// Reap fails one stalled job with the compare-and-set of ReapBatch (one
+// UPDATE whose WHERE repeats the read generation and updated_at and the
+// whole StallPredicate against the current job_types row and now()); see
+// ReapBatch for what the transaction writes. A job that progressed, was
+// reclaimed, finished, or whose limits were raised since the read changes 0
+// rows, and then nothing else is written.
 //
 // It returns reaped=false with a zero Evidence when the CAS matched nothing,
 // and an error (nothing written) when PostgreSQL or a cascade failed; an
@@ -136,42 +123,17 @@ func (e Evidence) detail() ([]byte, error) {
 // commit together.
 func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidence, err error) {
 	ctx, done := s.op(ctx, "Reap")
-	args := p.Rule.args()
-	args["job_id"], args["generation"], args["updated_at"], args["reason"] = p.JobID, p.Generation, p.UpdatedAt, p.Reason
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		var (
-			cascade                      cascadeArgs
-			runUS, idleUS, maxUS, stalUS int64
-		)
-		err := tx.QueryRow(ctx, s.q(reapSQL), args).Scan(&ev.Generation, &ev.Worker, &cascade.Type,
-			&cascade.ParentID, &cascade.TenantID, &ev.StartedAt, &ev.UpdatedAt,
-			&runUS, &idleUS, &maxUS, &stalUS, &ev.DBNow)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		reaped = true
-		ev.Reason = p.Reason
-		ev.Runtime, ev.Idle = time.Duration(runUS)*time.Microsecond, time.Duration(idleUS)*time.Microsecond
-		ev.MaxRuntime, ev.StallTimeout = time.Duration(maxUS)*time.Microsecond, time.Duration(stalUS)*time.Microsecond
-		detail, err := ev.detail()
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, s.q(`INSERT INTO {schema}.job_events (job_id, kind, generation, worker, detail)
-VALUES ($1, 'reaped', $2, nullif($3, ''), $4)`), p.JobID, ev.Generation, ev.Worker, jsonText(detail)); err != nil {
-			return err
-		}
-		cascade.JobID = p.JobID
-		return s.cascades.runFailed(ctx, tx, cascade)
+	res, err := s.reapBatch(ctx, ReapBatchParams{
+		Candidates: []ReapCandidate{{JobID: p.JobID, Generation: p.Generation, UpdatedAt: p.UpdatedAt}},
+		Reason:     p.Reason, Rule: p.Rule,
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return false, Evidence{}, done(err)
+	case len(res.Failed) > 0:
+		return false, Evidence{}, done(res.Failed[0].Err)
+	case len(res.Reaped) == 0:
+		return false, Evidence{}, done(nil)
 	}
-	if !reaped {
-		ev = Evidence{}
-	}
-	return reaped, ev, done(nil)
+	return true, res.Reaped[0].Evidence, done(nil)
 }

@@ -35,7 +35,7 @@ func TestStoreQDoesNotAllocateOnceRendered(t *testing.T) {
 func TestStoreQConcurrentFirstCalls(t *testing.T) {
 	t.Parallel()
 	s := NewStore(nil, WithSchema("jobreaper"))
-	stmts := []string{claimSQL, heartbeatSQL, completeSQL, failSQL, reapSQL, readStateSQL, appendEventSQL, lateResultSQL}
+	stmts := []string{claimSQL, heartbeatSQL, completeSQL, failSQL, reapBatchSQL, readStateSQL, appendEventSQL, lateResultSQL}
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)

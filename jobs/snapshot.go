@@ -20,7 +20,9 @@ const (
 
 // LoadBatchSize is how many job IDs one LoadForTasks query names (= ANY($1));
 // larger sets are split so that no single statement grows without bound.
-const LoadBatchSize = 5000
+// At 10,000 IDs a batch costs tens of milliseconds, and the reaper holds
+// one batch of rows at a time.
+const LoadBatchSize = 10000
 
 // Snapshot is a job row as read, together with its type's limits. The
 // reaper decides on it, and its reap repeats Status, Generation and
@@ -62,9 +64,17 @@ const snapshotColumns = `
     t.name IS NOT NULL, t.max_runtime, t.stall_timeout, t.hard_timeout, coalesce(t.auto_complete, false),
     j.first_generation`
 
+// loadSQL reads rows and limits by ID, through the primary key (it runs
+// behind pinPlansSQL: a custom plan without sequential scans).
+const loadSQL = `SELECT ` + snapshotColumns + `
+  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
+ WHERE j.id = ANY(@ids::text[])`
+
 // LoadForTasks reads the job rows with the given IDs and their type limits,
 // in queries of at most LoadBatchSize IDs each (never one query per task).
-// IDs without a row are absent from the result map.
+// IDs without a row are absent from the result map. The reaper calls it
+// once per batch, so that it holds one batch of rows at a time. It returns
+// a wrapped driver error when PostgreSQL fails (no partial result).
 func (s *Store) LoadForTasks(ctx context.Context, ids []string) (map[string]Snapshot, error) {
 	out := make(map[string]Snapshot, len(ids))
 	for start := 0; start < len(ids); start += LoadBatchSize {
@@ -78,20 +88,45 @@ func (s *Store) LoadForTasks(ctx context.Context, ids []string) (map[string]Snap
 
 func (s *Store) loadBatch(ctx context.Context, ids []string, out map[string]Snapshot) error {
 	ctx, done := s.op(ctx, "LoadForTasks")
-	rows, err := s.db.Query(ctx, s.q(`SELECT `+snapshotColumns+`
-  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
- WHERE j.id = ANY($1)`), ids)
+	rows, _, err := pinnedQuery(ctx, s.db, s.q(loadSQL), pgx.NamedArgs{"ids": ids})
 	if err != nil {
 		return done(err)
 	}
-	snaps, err := pgx.CollectRows(rows, scanSnapshot)
-	if err != nil {
-		return done(err)
-	}
-	for _, sn := range snaps {
+	defer rows.Close()
+	var types limitsCache
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return done(err)
+		}
+		sn.Limits = types.share(sn.Type, sn.Limits)
 		out[sn.ID] = sn
 	}
-	return done(nil)
+	return done(rows.Err())
+}
+
+// limitsCache lets the rows of one batch share one Limits per job type
+// instead of one copy per row.
+type limitsCache map[string]*Limits
+
+func (c *limitsCache) share(typ string, l *Limits) *Limits {
+	if l == nil {
+		return nil
+	}
+	if *c == nil {
+		*c = limitsCache{}
+	}
+	if have, ok := (*c)[typ]; ok && equalLimits(*have, *l) {
+		return have
+	}
+	(*c)[typ] = l
+	return l
+}
+
+func equalLimits(a, b Limits) bool {
+	eq := func(x, y *time.Duration) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	return a.MaxRuntime == b.MaxRuntime && a.AutoComplete == b.AutoComplete &&
+		eq(a.StallTimeout, b.StallTimeout) && eq(a.HardTimeout, b.HardTimeout)
 }
 
 // Get reads one job row and its type limits. It returns an error wrapping

@@ -2,6 +2,8 @@ package reaper
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jobreaper/jobreaper/jobs"
@@ -23,8 +25,9 @@ const SkipQueueNotFound SkipReason = "queue_not_found"
 // among the active ones, and that asynq will never run again (archived,
 // completed or gone, as when a worker is killed on its task's last attempt,
 // or its handler is cancelled on the last attempt).
-// Each is looked up in asynq and reaped with failure_reason lost_task by the
-// same compare-and-set; jobs whose task still waits are skipped as
+// Each is looked up in asynq, and those asynq will never run again are
+// reaped with failure_reason lost_task by the same set-based
+// compare-and-set as the active ones; jobs whose task still waits are skipped as
 // awaiting_retry, jobs whose task became active meanwhile are left to the
 // next pass. Rows without a queue are never considered.
 func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time.Time, res *Result) {
@@ -38,6 +41,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 		r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
 		return
 	}
+	var lost []jobs.Snapshot
 	for _, snap := range candidates {
 		if ctx.Err() != nil {
 			return
@@ -67,6 +71,8 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 			continue
 		}
 		r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", status)
-		r.reap(ctx, snap, jobs.ReasonLostTask, res)
+		lost = append(lost, snap)
 	}
+	slices.SortFunc(lost, func(a, b jobs.Snapshot) int { return strings.Compare(a.ID, b.ID) })
+	r.reapSet(ctx, lost, jobs.ReasonLostTask, res)
 }

@@ -25,9 +25,10 @@ const IntervalDefault = time.Minute
 type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
-	Reap(ctx context.Context, p jobs.ReapParams) (bool, jobs.Evidence, error)
+	ReapBatch(ctx context.Context, p jobs.ReapBatchParams) (jobs.ReapBatchResult, error)
 	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
 	MarkMarkerSet(ctx context.Context, jobID string, generation int64) error
+	MarkMarkersSet(ctx context.Context, refs []jobs.MarkerRef) error
 	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)
 }
 
@@ -42,6 +43,14 @@ type Lister interface {
 // satisfies it.
 type Markers interface {
 	Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (bool, error)
+}
+
+// BatchMarkers is a marker store that also writes many markers in one
+// pipeline; *queue.MarkerStore is one. The pass uses SetMany when the
+// store has it, and one Set per marker otherwise.
+type BatchMarkers interface {
+	Markers
+	SetMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
 }
 
 // Options configure a Reaper.
@@ -132,8 +141,10 @@ func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 var ErrPassFailed = errors.New("reaper pass could not run")
 
 // RunOnce runs one pass: one database clock reading, the active tasks of
-// every queue, their rows and limits in batched queries, a decision per
-// job, the reaps and their markers, and the summary. It
+// every queue (their IDs are the one list a pass holds in full), then batch
+// by batch their rows and limits, a decision per job, one set-based reap
+// per batch of stalled jobs and their markers in one pipeline; then the
+// lost-task search, and the summary. It
 // returns the pass's Result, and an error wrapping ErrPassFailed only when
 // the pass could not run at all; failures inside the pass (a queue that
 // fails to list, a reap or marker write that fails) are counted in
@@ -200,45 +211,18 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
 	ids, listed := r.listActive(ctx, queues, &res)
-	if len(ids) > 0 && !r.reapActive(ctx, ids, now, &res) {
-		return res, nil
-	}
-	// Stalled rows of the listed queues whose task is not active.
+	r.reapActive(ctx, ids, now, &res)
+	// Stalled rows of the listed queues whose task is not active; a batch
+	// that failed to load above does not stop it.
 	r.reapLost(ctx, listed, ids, now, &res)
 	return res, nil
 }
 
-// reapActive loads the rows and limits of the active tasks ids in batched
-// queries, decides on each and reaps the stalled ones. It returns false
-// when the rows could not be loaded (an error of the pass).
-func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, res *Result) bool {
-	snaps, err := r.store.LoadForTasks(ctx, ids)
-	if err != nil {
-		r.failed(ctx, res, stageLoad, "loading job rows failed; no job is reaped this pass", "tasks", len(ids), "err", err)
-		return false
-	}
-	for _, id := range ids {
-		var snap *jobs.Snapshot
-		if s, ok := snaps[id]; ok {
-			snap = &s
-		}
-		v := Decide(snap, now, r.opts.Rule)
-		if !v.Reap {
-			res.skip(v.Skip, 1)
-			r.logSkip(id, snap, v)
-			continue
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		r.reap(ctx, *snap, jobs.ReasonStalled, res)
-	}
-	return true
-}
-
 // logSkip warns about the skips an operator must act on (a job type's
-// limits or a row the pass cannot judge) and notes the others at debug.
-func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict) {
+// limits or a row the pass cannot judge) and notes the others at debug
+// level when debug is on (debug: the pass checked it once; building the
+// attributes of 100,000 disabled lines costs more than the decisions).
+func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) {
 	switch v.Skip {
 	case SkipBadLimits:
 		r.log.Warn("job skipped: its type's limits are unsafe; fix the job_types row", "job_id", id, "type", snap.Type,
@@ -249,8 +233,14 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict) {
 		r.log.Warn("job skipped: PROCESSING without started_at (not claimed through the start guard)", "job_id", id,
 			"type", snap.Type, "reason", v.Skip)
 	case SkipNoRow:
+		if !debug {
+			return
+		}
 		r.log.Debug("task skipped: no job row with its ID", "job_id", id, "reason", v.Skip)
 	default:
+		if !debug {
+			return
+		}
 		r.log.Debug("job skipped", "job_id", id, "reason", v.Skip, "runtime", v.Runtime, "idle", v.Idle)
 	}
 }
@@ -307,40 +297,6 @@ func brokenSample(ids []string) string {
 	return strings.Join(quoted, " ")
 }
 
-// reap runs the compare-and-set and, when it changed the row, sets the
-// marker. A failed marker write is counted; the FAILED row still guards.
-func (r *Reaper) reap(ctx context.Context, snap jobs.Snapshot, reason string, res *Result) {
-	reaped, ev, err := r.store.Reap(ctx, jobs.ReapParams{
-		JobID: snap.ID, Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
-		Reason: reason, Rule: r.opts.Rule,
-	})
-	if err != nil {
-		r.failed(ctx, res, stageReap, "reap failed; nothing was written, retried next pass", "job_id", snap.ID, "err", err)
-		return
-	}
-	if !reaped {
-		res.skip(SkipChangedSinceRead, 1)
-		r.log.Info("job changed since the read; not reaped", "job_id", snap.ID, "generation", snap.Generation)
-		return
-	}
-	res.Reaped++
-	res.ReapedBy[reason]++
-	r.log.Info("job reaped", "job_id", snap.ID, "type", snap.Type, "reason", reason,
-		"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
-		"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
-	// The marker's 7 days run from the reap; it is set just after the
-	// commit, so the full TTL applies.
-	// The reap is committed, so the marker is written even when the pass is
-	// being stopped; MarkerStore bounds the call with its own timeout.
-	mctx := context.WithoutCancel(ctx)
-	if _, err := r.markers.Set(mctx, snap.ID, ev.Generation, queue.MarkerTTL); err != nil {
-		r.failed(mctx, res, stageMarker, "marker write failed; the FAILED row still refuses the task and a later pass re-sets the marker",
-			"job_id", snap.ID, "generation", ev.Generation, "err", err)
-		return
-	}
-	r.markerWritten(mctx, snap.ID, ev.Generation)
-}
-
 // failed counts and logs an error of the pass at stage. An error caused by
 // the pass being stopped (ctx done) is not an error of the pass: it is
 // noted at debug level and not counted.
@@ -352,4 +308,20 @@ func (r *Reaper) failed(ctx context.Context, res *Result, stage, msg string, arg
 	r.opts.Metrics.errorAt(stage)
 	r.log.Error(msg, args...)
 	res.Errors++
+}
+
+// failedN counts n errors of the pass at stage with one log line (n
+// markers of one batch whose writes failed together).
+func (r *Reaper) failedN(ctx context.Context, res *Result, stage string, n int, msg string, args ...any) {
+	if n <= 0 {
+		return
+	}
+	r.failed(ctx, res, stage, msg, args...)
+	if ctx.Err() != nil {
+		return
+	}
+	for range n - 1 {
+		r.opts.Metrics.errorAt(stage)
+	}
+	res.Errors += n - 1
 }

@@ -1,0 +1,87 @@
+package jobs
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A statement that names jobs by an array of IDs must read them through the
+// primary key, whatever the statistics say. Two things get in the way:
+//
+//   - PostgreSQL hashes a large = ANY(array), so a sequential scan costs
+//     little per row, and on stale statistics (a table analyzed small or
+//     empty, autovacuum waiting for 10 % of it to change) it looks cheaper
+//     than 10,000 index lookups (TestPlansHoldOnStaleStatistics shows that
+//     plan being chosen without the settings below);
+//   - a prepared statement switches to a generic plan after five runs,
+//     planned without the array's length (measured up to 6 times slower).
+//
+// So each such statement runs in a pipeline behind pinPlansSQL, which
+// turns sequential scans off and forces custom plans until the end of the
+// transaction: the explicit one of a reap, or the implicit one a pipeline
+// forms up to its Sync. Nothing is sent at connection start (poolers in
+// transaction mode reject startup parameters and would leak a session
+// setting to the next client), and the reap restores both settings before
+// the operator's cascades run.
+
+// pinPlansSQL saves the two settings (the subquery runs first) and sets them
+// for the rest of the transaction. It returns the saved values.
+const pinPlansSQL = `
+SELECT saved.seqscan, saved.cache_mode,
+       set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)
+  FROM (SELECT current_setting('enable_seqscan') AS seqscan, current_setting('plan_cache_mode') AS cache_mode OFFSET 0) AS saved`
+
+// restorePlansSQL sets the two settings back to the values pinPlansSQL
+// saved.
+const restorePlansSQL = `SELECT set_config('enable_seqscan', $1, true), set_config('plan_cache_mode', $2, true)`
+
+// savedPlans holds the settings pinPlansSQL replaced.
+type savedPlans struct{ seqscan, cacheMode string }
+
+// batchSender is what runs a pipeline: *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// pinnedQuery runs sql with args behind pinPlansSQL in one pipeline (one
+// round trip) and returns its rows and the saved settings. The caller
+// closes rows; when db is not a transaction, the settings end with the
+// pipeline.
+func pinnedQuery(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, savedPlans, error) {
+	b := &pgx.Batch{}
+	b.Queue(pinPlansSQL)
+	b.Queue(sql, args...)
+	br := db.SendBatch(ctx, b)
+	var saved savedPlans
+	var ignore1, ignore2 string
+	if err := br.QueryRow().Scan(&saved.seqscan, &saved.cacheMode, &ignore1, &ignore2); err != nil {
+		_ = br.Close()
+		return nil, saved, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, saved, err
+	}
+	return &batchRows{Rows: rows, br: br}, saved, nil
+}
+
+// batchRows closes its pipeline with its rows.
+type batchRows struct {
+	pgx.Rows
+	br pgx.BatchResults
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	_ = r.br.Close()
+}
+
+// pinnedExec runs sql with args behind pinPlansSQL in one pipeline.
+func pinnedExec(ctx context.Context, db batchSender, sql string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(pinPlansSQL)
+	b.Queue(sql, args...)
+	return db.SendBatch(ctx, b).Close()
+}

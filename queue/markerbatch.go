@@ -1,0 +1,107 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MarkerWrite is one marker for SetMany: the job, the generation reaped,
+// and the marker's remaining lifetime (see Set).
+type MarkerWrite struct {
+	JobID      string
+	Generation int64
+	TTL        time.Duration
+}
+
+// MarkerResult is SetMany's answer for one write, as Set would give it.
+type MarkerResult struct {
+	Set bool
+	Err error
+}
+
+// SetMany writes many markers with Set's compare-and-set (only when the key
+// is absent or holds an older generation; value and expiry in one step), all
+// in one pipeline, bounded by one call of the store's timeout. Each write
+// gets its own result: one key holding garbage (ErrBadMarker) fails only
+// that write. When the pipeline itself fails (Redis unreachable, the
+// timeout), every write carries that error. A write whose TTL is below one
+// millisecond is not sent and answers Set=false.
+func (s *MarkerStore) SetMany(ctx context.Context, writes []MarkerWrite) []MarkerResult {
+	out := make([]MarkerResult, len(writes))
+	ctx, done := s.op(ctx, "SetMany")
+	cmds := make([]*redis.Cmd, len(writes))
+	run := func(useEval bool, which []int) error {
+		_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range which {
+				w := writes[i]
+				keys, gen, ms := []string{MarkerKey(w.JobID)}, strconv.FormatInt(w.Generation, 10), w.TTL.Milliseconds()
+				if useEval {
+					cmds[i] = setMarkerScript.Eval(ctx, p, keys, gen, ms)
+				} else {
+					cmds[i] = setMarkerScript.EvalSha(ctx, p, keys, gen, ms)
+				}
+			}
+			return nil
+		})
+		return err
+	}
+	var todo []int
+	for i, w := range writes {
+		if w.TTL.Milliseconds() > 0 {
+			todo = append(todo, i)
+		}
+	}
+	if len(todo) == 0 {
+		_ = done(nil)
+		return out
+	}
+	// EVALSHA first; a Redis that has not cached the script yet (restart,
+	// SCRIPT FLUSH) answers NOSCRIPT, and those writes are sent again with
+	// the script's text.
+	err := run(false, todo)
+	if err != nil {
+		var again []int
+		for _, i := range todo {
+			if e := cmds[i].Err(); e != nil && strings.HasPrefix(e.Error(), "NOSCRIPT") {
+				again = append(again, i)
+			}
+		}
+		if len(again) > 0 {
+			err = run(true, again)
+		}
+	}
+	if err != nil && isConnError(err) {
+		err = done(err)
+		for _, i := range todo {
+			out[i].Err = err
+		}
+		return out
+	}
+	_ = done(nil)
+	for _, i := range todo {
+		n, err := cmds[i].Int64()
+		key := MarkerKey(writes[i].JobID)
+		switch {
+		case err != nil:
+			out[i].Err = fmt.Errorf("queue.MarkerStore.SetMany: key %s: %w", key, err)
+		case n == 1:
+			out[i].Set = true
+		case n == -1:
+			out[i].Err = fmt.Errorf("queue.MarkerStore.SetMany: key %s: %w", key, ErrBadMarker)
+		}
+	}
+	return out
+}
+
+// isConnError tells a failure of the pipeline as a whole (the connection or
+// the call's deadline) from an error reply of single commands, which
+// go-redis also returns as the pipeline's error.
+func isConnError(err error) bool {
+	_, isReply := err.(redis.Error)
+	return !isReply
+}

@@ -1,0 +1,141 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// reapActive works through the active tasks ids (sorted) one load batch
+// at a time (jobs.LoadBatchSize IDs): it loads the batch's rows and limits,
+// decides on each, and reaps the batch's stalled jobs set-based, so the
+// pass holds the ID list and one batch of rows, never all rows. A batch
+// that fails to load is an error of the pass; the other batches go on.
+func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, res *Result) {
+	debug := r.log.Enabled(ctx, slog.LevelDebug)
+	for start := 0; start < len(ids); start += jobs.LoadBatchSize {
+		if ctx.Err() != nil {
+			return
+		}
+		batch := ids[start:min(start+jobs.LoadBatchSize, len(ids))]
+		snaps, err := r.store.LoadForTasks(ctx, batch)
+		if err != nil {
+			r.failed(ctx, res, stageLoad, "loading a batch of job rows failed; its jobs are not reaped this pass, the other batches go on",
+				"tasks", len(batch), "err", err)
+			continue
+		}
+		var stalled []jobs.Snapshot
+		for _, id := range batch {
+			var snap *jobs.Snapshot
+			if s, ok := snaps[id]; ok {
+				snap = &s
+			}
+			v := Decide(snap, now, r.opts.Rule)
+			if !v.Reap {
+				res.skip(v.Skip, 1)
+				r.logSkip(id, snap, v, debug)
+				continue
+			}
+			stalled = append(stalled, *snap)
+		}
+		r.reapSet(ctx, stalled, jobs.ReasonStalled, res)
+	}
+}
+
+// reapSet reaps stalled jobs (sorted by ID) with reason, in set-based
+// transactions of jobs.ReapBatchSize, then sets the markers of each batch
+// in one pipeline. A batch that fails (a deadlock, PostgreSQL down) is an
+// error of the pass and nothing of it was written: the next pass retries.
+func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason string, res *Result) {
+	for start := 0; start < len(stalled); start += jobs.ReapBatchSize {
+		if ctx.Err() != nil {
+			return
+		}
+		batch := stalled[start:min(start+jobs.ReapBatchSize, len(stalled))]
+		cands := make([]jobs.ReapCandidate, len(batch))
+		for i, sn := range batch {
+			cands[i] = jobs.ReapCandidate{JobID: sn.ID, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}
+		}
+		out, err := r.store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: cands, Reason: reason, Rule: r.opts.Rule})
+		for _, f := range out.Failed {
+			r.failed(ctx, res, stageReap, "reap failed for one job (its on_failed cascade); the rest of its batch went on, this job is retried next pass",
+				"job_id", f.JobID, "err", f.Err)
+		}
+		if err != nil {
+			msg := "reap of a batch failed; nothing of it was written, retried next pass"
+			if errors.Is(err, jobs.ErrDeadlock) {
+				msg = "reap of a batch lost a deadlock (an operator cascade locks rows in another order); nothing of it was written, retried next pass"
+			}
+			r.failed(ctx, res, stageReap, msg, "jobs", len(batch), "first_job_id", batch[0].ID, "err", err)
+			continue
+		}
+		for _, id := range out.Changed {
+			res.skip(SkipChangedSinceRead, 1)
+			r.log.Info("job changed since the read; not reaped", "job_id", id)
+		}
+		for _, j := range out.Reaped {
+			ev := j.Evidence
+			res.Reaped++
+			res.ReapedBy[reason]++
+			r.log.Info("job reaped", "job_id", j.JobID, "type", j.Type, "reason", reason,
+				"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
+				"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
+		}
+		r.setMarkers(ctx, out.Reaped, res)
+	}
+}
+
+// setMarkers writes the markers of one committed batch of reaps, in one
+// pipeline when the store can, then records the written ones in one
+// statement. The reaps are committed, so the markers are written even when
+// the pass is being stopped (the marker store bounds its calls with its own
+// timeout). Each marker's 7 days run from now, just after the commit. A
+// failed write is counted; the FAILED row still refuses the task, and a
+// later pass re-sets the marker.
+func (r *Reaper) setMarkers(ctx context.Context, reaped []jobs.ReapedJob, res *Result) {
+	if len(reaped) == 0 {
+		return
+	}
+	mctx := context.WithoutCancel(ctx)
+	writes := make([]queue.MarkerWrite, len(reaped))
+	for i, j := range reaped {
+		writes[i] = queue.MarkerWrite{JobID: j.JobID, Generation: j.Evidence.Generation, TTL: queue.MarkerTTL}
+	}
+	var results []queue.MarkerResult
+	if bm, ok := r.markers.(BatchMarkers); ok {
+		results = bm.SetMany(mctx, writes)
+	} else {
+		results = make([]queue.MarkerResult, len(writes))
+		for i, w := range writes {
+			results[i].Set, results[i].Err = r.markers.Set(mctx, w.JobID, w.Generation, w.TTL)
+		}
+	}
+	refs := make([]jobs.MarkerRef, 0, len(writes))
+	var (
+		failed   int
+		firstErr error
+		firstID  string
+	)
+	for i, out := range results {
+		if out.Err != nil {
+			if failed == 0 {
+				firstErr, firstID = out.Err, writes[i].JobID
+			}
+			failed++
+			continue
+		}
+		refs = append(refs, jobs.MarkerRef{JobID: writes[i].JobID, Generation: writes[i].Generation})
+	}
+	r.failedN(mctx, res, stageMarker, failed, "marker writes failed; the FAILED rows still refuse their tasks and a later pass re-sets the markers",
+		"failed", failed, "of", len(writes), "first_job_id", firstID, "err", firstErr)
+	if len(refs) == 0 {
+		return
+	}
+	if err := r.store.MarkMarkersSet(mctx, refs); err != nil {
+		r.log.Warn("could not record the marker writes; a later pass records them", "markers", len(refs), "err", err)
+	}
+}
