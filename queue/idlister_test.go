@@ -3,11 +3,14 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // TestIDListerKeyLayout holds the ID-only lister to the key layout of the
@@ -155,4 +158,36 @@ func TestIDLister(t *testing.T) {
 			t.Fatalf("NewIDLister(WithPageSize(10)): %v, want ErrBadOption", err)
 		}
 	})
+}
+
+// Both listers return the same IDs for a queue of 2,500 active tasks
+// (three chunks, three Inspector pages).
+func TestIDListerAgreesWithTheInspectorOverManyChunks(t *testing.T) {
+	t.Parallel()
+	b := setupLister(t)
+	t.Cleanup(func() { _ = queuetest.Remove(context.Background(), b.rc, b.queue) })
+	want := make([]string, 2500)
+	for i := range want {
+		want[i] = fmt.Sprintf("%s-%05d", b.queue, i)
+	}
+	if err := queuetest.MakeActive(t.Context(), b.rc, b.queue, "report.export", want); err != nil {
+		t.Fatal(err)
+	}
+	fromInspector, err := b.lister.ListActive(t.Context(), b.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(fromInspector.IDs)
+	l, err := NewIDLister(b.rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.ListActive(t.Context(), b.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.IDs, want) || !slices.Equal(fromInspector.IDs, want) || got.EmptyIDs != 0 || fromInspector.EmptyIDs != 0 {
+		t.Fatalf("ID lister listed %d, Inspector lister %d (empty %d, %d); want the same %d IDs",
+			len(got.IDs), len(fromInspector.IDs), got.EmptyIDs, fromInspector.EmptyIDs, len(want))
+	}
 }

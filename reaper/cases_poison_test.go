@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -136,5 +138,46 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 	}
 	if got := metricValue(t, reg, "jobreaper_pass_errors_total", map[string]string{"stage": "load"}); got != 0 {
 		t.Fatalf("load errors = %v, want 0", got)
+	}
+}
+
+// failingLoadStore fails the load of every batch that holds one of its
+// IDs, as PostgreSQL does for a batch holding an ID it cannot store.
+type failingLoadStore struct {
+	*jobs.Store
+	poison string
+}
+
+func (s *failingLoadStore) LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error) {
+	if slices.Contains(ids, s.poison) {
+		return nil, errors.New(`ERROR: invalid byte sequence for encoding "UTF8": 0x00 (SQLSTATE 22021)`)
+	}
+	return s.Store.LoadForTasks(ctx, ids)
+}
+
+// B33: a failed load of one batch never stops the other batches or the
+// lost-task search. Loads of one ID each: the batch of J2 fails; J1 and J3
+// (stalled, active) and J4 (stalled, its task gone) are reaped in the same
+// pass, and the failure is one error at stage load.
+func TestCase_B33_FailedBatchLoadStopsNeitherOtherBatchesNorTheLostTaskSearch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *reaper.Options) { o.LoadBatch = 1 })
+	for _, id := range []string{"J1", "J2", "J3", "J4"} {
+		b.stalled(t, id)
+	}
+	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1", "J2", "J3"}}
+	r := reaper.New(&failingLoadStore{Store: b.db.Store(), poison: "J2"}, b.lister, b.markers,
+		reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics, LoadBatch: 1})
+	res, err := r.RunOnce(context.Background())
+	if err != nil || res.Reaped != 3 || res.ReapedBy["stalled"] != 2 || res.ReapedBy["lost_task"] != 1 || res.Errors != 1 {
+		t.Fatalf("result = %+v, err = %v; want J1, J3 reaped as stalled, J4 as lost_task, one error", res, err)
+	}
+	for id, want := range map[string]string{"J1": jobs.StatusFailed, "J2": jobs.StatusProcessing, "J3": jobs.StatusFailed, "J4": jobs.StatusFailed} {
+		if row := b.db.Read(t, id); row.Status != want {
+			t.Fatalf("%s = %+v, want %s", id, row, want)
+		}
+	}
+	if got := metricValue(t, b.reg, "jobreaper_pass_errors_total", map[string]string{"stage": "load"}); got != 1 {
+		t.Fatalf("load errors = %v, want 1", got)
 	}
 }

@@ -75,6 +75,10 @@ type Options struct {
 	// Eviction, when set, is asked for Redis's maxmemory-policy at the
 	// first pass and every EvictionCheckInterval after (checkEviction).
 	Eviction EvictionChecker
+	// LoadBatch is how many task IDs one load of rows names (default
+	// jobs.LoadBatchSize); a pass holds one batch of rows at a time, and a
+	// batch that fails to load costs only its own tasks.
+	LoadBatch int
 }
 
 // Result is what one pass did. Its JSON form is the output of
@@ -123,6 +127,7 @@ type Reaper struct {
 // New returns a Reaper. It does not contact anything until RunOnce or Start.
 func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	opts.Interval = cmp.Or(opts.Interval, IntervalDefault)
+	opts.LoadBatch = cmp.Or(opts.LoadBatch, jobs.LoadBatchSize)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

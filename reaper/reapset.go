@@ -11,17 +11,17 @@ import (
 )
 
 // reapActive works through the active tasks ids (sorted) one load batch
-// at a time (jobs.LoadBatchSize IDs): it loads the batch's rows and limits,
+// at a time (Options.LoadBatch IDs): it loads the batch's rows and limits,
 // decides on each, and reaps the batch's stalled jobs set-based, so the
 // pass holds the ID list and one batch of rows, never all rows. A batch
 // that fails to load is an error of the pass; the other batches go on.
 func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, res *Result) {
 	debug := r.log.Enabled(ctx, slog.LevelDebug)
-	for start := 0; start < len(ids); start += jobs.LoadBatchSize {
+	for start := 0; start < len(ids); start += r.opts.LoadBatch {
 		if ctx.Err() != nil {
 			return
 		}
-		batch := ids[start:min(start+jobs.LoadBatchSize, len(ids))]
+		batch := ids[start:min(start+r.opts.LoadBatch, len(ids))]
 		snaps, err := r.store.LoadForTasks(ctx, batch)
 		if err != nil {
 			r.failed(ctx, res, stageLoad, "loading a batch of job rows failed; its jobs are not reaped this pass, the other batches go on",
