@@ -31,6 +31,7 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, schema string, version
 const (
 	LoadSQL           = loadSQL
 	ReapBatchSQL      = reapBatchSQL
+	ReapLockSQL       = reapLockSQL
 	MarkersSetSQL     = markersSetSQL
 	LostCandidatesSQL = lostCandidatesSQL
 	ReadStateSQL      = readStateSQL

@@ -44,20 +44,36 @@ type batchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
+// before is a statement pinnedQuery runs between the settings and its
+// query, in the same pipeline.
+type before struct {
+	sql  string
+	args []any
+}
+
 // pinnedQuery runs sql with args behind pinPlansSQL in one pipeline (one
-// round trip) and returns its rows and the saved settings. The caller
-// closes rows; when db is not a transaction, the settings end with the
-// pipeline.
-func pinnedQuery(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, savedPlans, error) {
+// round trip), after the statements of pre if any, and returns its rows and
+// the saved settings. The caller closes rows; when db is not a
+// transaction, the settings end with the pipeline.
+func pinnedQuery(ctx context.Context, db batchSender, sql string, args any, pre ...before) (pgx.Rows, savedPlans, error) {
 	b := &pgx.Batch{}
 	b.Queue(pinPlansSQL)
-	b.Queue(sql, args...)
+	for _, st := range pre {
+		b.Queue(st.sql, st.args...)
+	}
+	b.Queue(sql, args)
 	br := db.SendBatch(ctx, b)
 	var saved savedPlans
 	var ignore1, ignore2 string
 	if err := br.QueryRow().Scan(&saved.seqscan, &saved.cacheMode, &ignore1, &ignore2); err != nil {
 		_ = br.Close()
 		return nil, saved, err
+	}
+	for range pre {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, saved, err
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {

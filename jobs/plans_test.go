@@ -137,6 +137,7 @@ func TestPlansHoldOnStaleStatistics(t *testing.T) {
 				{"LoadOfOne", jobs.LoadSQL, pgx.NamedArgs{"ids": ids("p", 7, 1)}},
 				{"ReapOfAThousand", jobs.ReapBatchSQL, reapArgs(ids("p", 6001, 1000))},
 				{"ReapOfOne", jobs.ReapBatchSQL, reapArgs(ids("p", 6001, 1))},
+				{"ReapLockOfAThousand", jobs.ReapLockSQL, pgx.NamedArgs{"ids": ids("p", 6001, 1000)}},
 				{"MarkersOfAThousandFailedRows", jobs.MarkersSetSQL, pgx.NamedArgs{"ids": ids("p", 1, 1000), "generations": gens(1000)}},
 				{"MarkerOfOneFailedRow", jobs.MarkersSetSQL, pgx.NamedArgs{"ids": ids("p", 5, 1), "generations": gens(1)}},
 				{"StateOfOne", jobs.ReadStateSQL, nil},

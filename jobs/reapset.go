@@ -77,25 +77,26 @@ type ReapBatchResult struct {
 	Failed []ReapFailure
 }
 
-// reapBatchSQL is the set-based compare-and-set. The locked CTE takes the
-// row locks in ID order, so two reapers never wait on each other in a
-// cycle; the UPDATE repeats per row the generation and updated_at that were
-// read and the whole StallPredicate on now(). Rows are named by id =
-// ANY(@ids), which only the primary key serves (see StallPredicate). The
+// reapLockSQL takes the row locks of a batch in ID order (LockRows runs
+// above the sort), so two reapers never wait on each other in a cycle.
+const reapLockSQL = `
+SELECT j.id FROM {schema}.jobs j WHERE j.id = ANY(@ids::text[]) ORDER BY j.id FOR UPDATE`
+
+// reapBatchSQL is the set-based compare-and-set, run after reapLockSQL in
+// the same transaction (so it reads the rows as last committed): it
+// repeats per row the generation and updated_at that were read and the
+// whole StallPredicate on now(). Rows are named by id = ANY(@ids), which
+// only the primary key serves (see StallPredicate and pinPlansSQL). The
 // intervals are returned as intervals, converted in Go the way PostgreSQL
 // compares them (30-day months, 24-hour days); extract(epoch) would count a
 // year as 365.25 days.
 const reapBatchSQL = `
-WITH locked AS MATERIALIZED (
-  SELECT j.id FROM {schema}.jobs j WHERE j.id = ANY(@ids::text[]) ORDER BY j.id FOR UPDATE
-), read AS (
-  SELECT * FROM unnest(@ids::text[], @generations::int8[], @updated_ats::timestamptz[]) AS r(id, generation, updated_at)
-)
 UPDATE {schema}.jobs j
    SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = NULL
-  FROM locked l, read r, {schema}.job_types t
+  FROM unnest(@ids::text[], @generations::int8[], @updated_ats::timestamptz[]) AS r(id, generation, updated_at),
+       {schema}.job_types t
  WHERE j.id = ANY(@ids::text[])
-   AND l.id = j.id AND r.id = j.id
+   AND r.id = j.id
    AND t.name = j.type
    AND j.generation = r.generation
    AND j.updated_at = r.updated_at
@@ -111,8 +112,8 @@ SELECT e.id, 'reaped', e.generation, nullif(e.worker, ''), e.detail::jsonb
   FROM unnest(@ids::text[], @generations::int8[], @workers::text[], @details::text[]) AS e(id, generation, worker, detail)`
 
 // ReapBatch fails the stalled jobs among p.Candidates in one transaction:
-// one UPDATE (reapBatchSQL) that locks the rows in ID order and changes
-// only those whose generation, updated_at and stall rule still hold; one
+// the rows are locked in ID order (reapLockSQL), then one UPDATE
+// (reapBatchSQL) changes only those whose generation, updated_at and stall rule still hold; one
 // INSERT of their "reaped" events; then each changed row's on_failed
 // cascade, once per row in ID order (two children of one parent change the
 // parent twice), the event and the cascades sent in one pipeline. Before
@@ -165,7 +166,8 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 	args := p.Rule.args()
 	args["ids"], args["generations"], args["updated_ats"], args["reason"] = ids, gens, upd, p.Reason
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		rows, saved, err := pinnedQuery(ctx, tx, s.q(reapBatchSQL), args)
+		rows, saved, err := pinnedQuery(ctx, tx, s.q(reapBatchSQL), args,
+			before{s.q(reapLockSQL), []any{pgx.NamedArgs{"ids": ids}}})
 		if err != nil {
 			return err
 		}
