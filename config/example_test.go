@@ -5,9 +5,10 @@ import (
 	"errors"
 	"io"
 	"os"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -26,12 +27,43 @@ func TestExampleConfigLoadsAndValidates(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the example does not validate: %v", err)
 	}
-	if !slices.Equal(cfg.Queues, []string{"default", "critical"}) || cfg.StallTimeout != 15*time.Minute {
-		t.Fatalf("example values not read: %+v", cfg)
+	// The header says every value set is its default, and that queues and
+	// cascades are left out.
+	want := Config{DatabaseURL: "postgres://jobreaper:pw@db:5432/app"}.WithDefaults()
+	if !reflect.DeepEqual(cfg, want) {
+		t.Fatalf("the example sets a value other than its default:\n got %+v\nwant %+v", cfg, want)
+	}
+
+	// The commented samples keep their form: uncommented, they load.
+	raw, err := os.ReadFile("../deploy/jobreaper.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(raw)
+	for _, sample := range []string{"# queues:", "# cascades:"} {
+		i := strings.Index(text, sample)
+		if i < 0 {
+			t.Fatalf("the example lost its %q sample", sample)
+		}
+		var out []string
+		for _, line := range strings.SplitAfter(text[i:], "\n") {
+			if !strings.HasPrefix(line, "# ") {
+				break
+			}
+			out = append(out, strings.TrimPrefix(line, "# "))
+		}
+		text = text[:i] + strings.Join(out, "") + text[i+len(strings.Join(out, ""))+2*len(out):]
+	}
+	cfg, err = Load(Sources{File: writeFile(t, text), Environ: []string{"JOBREAPER_DATABASE_URL=postgres://jobreaper:pw@db:5432/app"}})
+	if err != nil {
+		t.Fatalf("loading the example with its samples uncommented: %v", err)
+	}
+	if !slices.Equal(cfg.Queues, []string{"default", "critical"}) {
+		t.Fatalf("queues sample not read: %v", cfg.Queues)
 	}
 	c, ok := cfg.Cascades["video.transcode"]
 	if !ok || len(c.OnFailed) != 1 || len(c.OnCompleted) != 2 {
-		t.Fatalf("example cascade not read: %#v", cfg.Cascades)
+		t.Fatalf("cascade sample not read: %#v", cfg.Cascades)
 	}
 }
 

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+)
+
+// The Grafana dashboard is valid JSON, and every series it queries is in a
+// scrape of a running daemon's /metrics, so that no panel stays empty
+// because a metric only appears once something happened.
+func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../deploy/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dashboard map[string]any
+	if err := json.Unmarshal(raw, &dashboard); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	if _, ok := dashboard["panels"]; !ok {
+		t.Fatal("the dashboard has no panels")
+	}
+	used := regexp.MustCompile(`jobreaper_[a-z_]+`).FindAllString(string(raw), -1)
+	if len(used) == 0 {
+		t.Fatal("the dashboard queries no jobreaper metric")
+	}
+
+	db := jobstest.New(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stdout bytes.Buffer
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- execute(ctx, []string{"run", "--database-url", db.URL, "--schema", db.Schema,
+			"--redis-url", redisTestURL(), "--queues", unique("dash"), "--interval", "100ms",
+			"--stall-timeout", "11m", "--start-jitter", "0s", "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("the daemon did not stop")
+		}
+	}()
+	addrRE := regexp.MustCompile(`serving /metrics and /healthz" component=metrics addr=(\S+)`)
+	var addr string
+	jobstest.Eventually(t, "the metrics server listens", func() bool {
+		if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	})
+	var scrape string
+	jobstest.Eventually(t, "a pass is counted", func() bool {
+		scrape = get(t, "http://"+addr+"/metrics")
+		return strings.Contains(scrape, `jobreaper_passes_total{outcome="ok"}`)
+	})
+	exported := map[string]bool{}
+	for _, line := range strings.Split(scrape, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, _, _ := strings.Cut(line, "{")
+		name, _, _ = strings.Cut(name, " ")
+		exported[name] = true
+	}
+	for _, name := range used {
+		if !exported[name] {
+			t.Errorf("the dashboard queries %s, which a running daemon's scrape does not hold", name)
+		}
+	}
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+)
+
+// kubernetesConfig returns the jobreaper.yaml of the Kubernetes example's
+// ConfigMap, after checking that every document of the manifest parses.
+func kubernetesConfig(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("../../deploy/kubernetes-sidecar.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	var embedded string
+	kinds := 0
+	for {
+		var doc struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("parsing the Kubernetes manifest: %v", err)
+		}
+		kinds++
+		if doc.Kind == "ConfigMap" {
+			embedded = doc.Data["jobreaper.yaml"]
+		}
+	}
+	if embedded == "" || kinds < 2 {
+		t.Fatalf("the manifest has %d documents and no ConfigMap with jobreaper.yaml", kinds)
+	}
+	return embedded
+}
+
+// The shipped configurations work as shipped: given only what a deploy
+// gives them besides the file (the database and Redis URLs, the schema),
+// one pass runs against a freshly migrated database and exits 0.
+func TestShippedConfigsRunOnce(t *testing.T) {
+	t.Parallel()
+	files := map[string]string{"example": "../../deploy/jobreaper.example.yaml"}
+	k8s := filepath.Join(t.TempDir(), "configmap.yaml")
+	if err := os.WriteFile(k8s, []byte(kubernetesConfig(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	files["kubernetes"] = k8s
+	for name, file := range files {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := jobstest.New(t)
+			r := run(t, "run", "--once", "--config", file, "--database-url", db.URL, "--schema", db.Schema,
+				"--redis-url", redisTestURL(), "--metrics-addr", "off", "--output", "json")
+			requireExit(t, r, exitOK)
+			doc := requireOneJSONResult(t, r.stdout)
+			if string(doc["errors"]) != "0" {
+				t.Fatalf("the pass counted errors: %s", r.stdout)
+			}
+		})
+	}
+}
+
+// The systemd unit names paths (its binary, environment file, config,
+// documentation) that its own install steps, in the unit's header, create.
+// The steps run here under a temporary root; `make build` is replaced by
+// a stand-in binary and systemctl is not run.
+func TestSystemdUnitPathsExistAfterItsInstallSteps(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../deploy/jobreaper.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	repo := filepath.Join(root, "repo")
+	for _, f := range []string{"bin/jobreaper", "deploy/jobreaper.service", "deploy/jobreaper.example.yaml", "README.md"} {
+		src := filepath.Join("../..", f)
+		if f == "bin/jobreaper" {
+			src = "../../deploy/jobreaper.service" // any file: the binary is not run
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(repo, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(repo, f), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The header's install block: comment lines after "# Install:".
+	var steps []string
+	inInstall := false
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "# Install:"):
+			inInstall = true
+		case inInstall && strings.HasPrefix(line, "#   "):
+			step := strings.TrimPrefix(line, "#   ")
+			if strings.HasPrefix(step, "make build") || strings.HasPrefix(step, "systemctl") {
+				continue
+			}
+			step, _, _ = strings.Cut(step, "   #") // a trailing comment
+			// Every absolute path lands under the temporary root.
+			step = regexp.MustCompile(`(^|[\s>])/`).ReplaceAllString(step, "${1}"+root+"/")
+			steps = append(steps, step)
+		case inInstall:
+			inInstall = false
+		}
+	}
+	if len(steps) < 4 {
+		t.Fatalf("found %d install steps in the unit's header: %q", len(steps), steps)
+	}
+	cmd := exec.Command("sh", "-ec", strings.Join(steps, "\n"))
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("install steps failed: %v\n%s\nsteps:\n%s", err, out, strings.Join(steps, "\n"))
+	}
+
+	// Every absolute path the unit's directives name.
+	paths := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "#") || !strings.Contains(line, "=") {
+			continue
+		}
+		key, value, _ := strings.Cut(line, "=")
+		switch key {
+		case "ExecStart", "ExecStartPre", "EnvironmentFile", "Documentation", "Environment":
+			for _, p := range regexp.MustCompile(`(?:file://)?(/[^\s]+)`).FindAllStringSubmatch(value, -1) {
+				paths[p[1]] = true
+			}
+		}
+	}
+	for _, want := range []string{"/usr/local/bin/jobreaper", "/etc/jobreaper/env", "/etc/jobreaper/jobreaper.yaml"} {
+		if !paths[want] {
+			t.Errorf("the unit no longer names %s; found %v", want, paths)
+		}
+	}
+	for p := range paths {
+		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+			t.Errorf("the unit names %s, which its install steps do not create: %v", p, err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, "etc/jobreaper/env")); err == nil && fi.Mode().Perm() != 0o600 {
+		t.Errorf("the environment file holds secrets and has mode %v, want 0600", fi.Mode().Perm())
+	}
+}
