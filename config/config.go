@@ -73,6 +73,16 @@ const (
 	// OpTimeoutDefault bounds each single PostgreSQL statement or Redis
 	// call, so that a hung server costs one pass, not the daemon.
 	OpTimeoutDefault = jobs.OpTimeoutDefault
+	// StaleQueuedAfterDefault is how long a job may stay QUEUED before the
+	// pass looks its task up to report it when asynq will never run it: an
+	// hour is far beyond a healthy queue's wait, and short enough that a job
+	// lost before any middleware ran is seen the same day.
+	StaleQueuedAfterDefault = time.Hour
+	// StaleQueuedLookupsPerPassDefault bounds the asynq lookups of QUEUED
+	// rows one daemon pass makes (one pipeline of 1,000), so that a large
+	// backlog of old pending tasks costs a pass little; the rest are looked
+	// up by the next passes.
+	StaleQueuedLookupsPerPassDefault = 1000
 )
 
 // Config is everything the jobreaper daemon and its commands are configured
@@ -115,6 +125,12 @@ type Config struct {
 	StartJitter time.Duration `yaml:"start_jitter" koanf:"start_jitter"`
 	// OpTimeout bounds each single PostgreSQL statement or Redis call.
 	OpTimeout time.Duration `yaml:"op_timeout" koanf:"op_timeout"`
+	// StaleQueuedAfter is how long a job must have been QUEUED before it is
+	// reported as stale when asynq will never run its task.
+	StaleQueuedAfter time.Duration `yaml:"stale_queued_after" koanf:"stale_queued_after"`
+	// StaleQueuedLookupsPerPass bounds the QUEUED rows one daemon pass looks
+	// up in asynq; at least 1.
+	StaleQueuedLookupsPerPass int `yaml:"stale_queued_lookups_per_pass" koanf:"stale_queued_lookups_per_pass"`
 	// Cascades are each job type's on_failed and on_completed statements.
 	// They are read from the config file only (SQL does not belong in a
 	// flag or an environment variable).
@@ -138,6 +154,8 @@ func (c Config) WithDefaults() Config {
 	c.LogFormat = cmp.Or(c.LogFormat, LogFormatDefault)
 	c.StartJitter = cmp.Or(c.StartJitter, StartJitterDefault)
 	c.OpTimeout = cmp.Or(c.OpTimeout, OpTimeoutDefault)
+	c.StaleQueuedAfter = cmp.Or(c.StaleQueuedAfter, StaleQueuedAfterDefault)
+	c.StaleQueuedLookupsPerPass = cmp.Or(c.StaleQueuedLookupsPerPass, StaleQueuedLookupsPerPassDefault)
 	return c
 }
 

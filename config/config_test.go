@@ -82,6 +82,9 @@ func TestWithDefaults(t *testing.T) {
 			LogFormat:         "text",
 			StartJitter:       time.Second,
 			OpTimeout:         10 * time.Second,
+
+			StaleQueuedAfter:          time.Hour,
+			StaleQueuedLookupsPerPass: 1000,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)

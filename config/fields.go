@@ -47,6 +47,8 @@ var settings = []setting{
 	{key: "log_format", usage: "log format: text or json"},
 	{key: "start_jitter", usage: "upper bound of a random delay before the first pass; 0s disables it (Go duration)"},
 	{key: "op_timeout", usage: "timeout of each single PostgreSQL or Redis operation (Go duration)"},
+	{key: "stale_queued_after", usage: "how long a job may stay QUEUED before it is reported as stale when asynq will never run its task (Go duration)"},
+	{key: "stale_queued_lookups_per_pass", usage: "most QUEUED rows one daemon pass looks up in asynq, at least 1 (rows)"},
 }
 
 // flagName returns the flag of a YAML key: stall_timeout -> stall-timeout.

@@ -139,6 +139,12 @@ func fieldErrors(err error) []*FieldError {
 // cascades, ...) cannot stop a migration.
 var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", "log_format"}
 
+// RequeueKeys are the settings `jobreaper requeue` uses: PostgreSQL and
+// Redis, the queues and the age of --stale, and the log settings. Pass them
+// to Only so that a daemon-only setting cannot stop an operator's requeue.
+var RequeueKeys = []string{"database_url", "redis_url", "schema", "op_timeout", "log_level", "log_format",
+	"queues", "stale_queued_after"}
+
 // Only returns err without the *FieldErrors about settings other than keys
 // (a cascade's problems count as cascades'). It keeps every error that is
 // not a *FieldError (an unreadable file) and every unknown key of the file,

@@ -69,6 +69,10 @@ func (c Config) Validate() error {
 	v.positive("stall_timeout", c.StallTimeout)
 	v.positive("heartbeat_interval", c.HeartbeatInterval)
 	v.positive("op_timeout", c.OpTimeout)
+	v.positive("stale_queued_after", c.StaleQueuedAfter)
+	if c.StaleQueuedLookupsPerPass < 1 {
+		v.addf("stale_queued_lookups_per_pass", "stale_queued_lookups_per_pass %d is below 1: the pass must look up at least one QUEUED row", c.StaleQueuedLookupsPerPass)
+	}
 	if c.StartJitter < 0 {
 		v.addf("start_jitter", "start_jitter %s is negative: use 0s to disable the delay or a positive duration such as 1s", c.StartJitter)
 	}

@@ -104,7 +104,7 @@ Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
 		Args:          cobra.NoArgs,
 		Version:       version(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cannotRun("a command is required: migrate, run, demo or version; see jobreaper --help")
+			return cannotRun("a command is required: migrate, run, requeue, demo or version; see jobreaper --help")
 		},
 	}
 	root.SetVersionTemplate("jobreaper {{.Version}}\n")
@@ -115,7 +115,7 @@ Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
 	})
 	config.RegisterFlags(root.PersistentFlags())
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.demoCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.requeueCmd(), a.demoCmd(), a.versionCmd())
 	return root
 }
 

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// requeueLine is one line of requeue's output, one per job.
+type requeueLine struct {
+	JobID string `json:"job_id"`
+	// Outcome is requeued, refused (nothing changed) or error (see
+	// Message for what was done).
+	Outcome    string `json:"outcome"`
+	Queue      string `json:"queue,omitempty"`
+	FromStatus string `json:"from_status,omitempty"`
+	TaskState  string `json:"task_state,omitempty"`
+	Generation int64  `json:"generation,omitempty"`
+	Message    string `json:"message,omitempty"`
+}
+
+// Outcomes of one job in requeue's output.
+const (
+	outcomeRequeued = "requeued"
+	outcomeRefused  = "refused"
+	outcomeError    = "error"
+)
+
+// staleLookupPage is how many stale QUEUED rows requeue --stale reads and
+// looks up in asynq at a time (one pipeline).
+const staleLookupPage = queue.StatusChunk
+
+func (a *app) requeueCmd() *cobra.Command {
+	var (
+		reason, output string
+		stale          bool
+		staleAfter     time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "requeue --reason TEXT (JOB_ID... | --stale [--queues Q,...] [--stale-after D])",
+		Short: "Run FAILED or stale QUEUED jobs again from the task asynq still holds for them",
+		Long: `requeue puts each job back to QUEUED with its generation raised (so its
+reaped marker no longer refuses it) and enqueues its task again with the
+same task ID, type and payload, taken from the task asynq still holds
+(archived or completed), which is deleted first. The new task has no
+deadline, whatever the old one had, and Timeout = the type's hard_timeout.
+Each requeue is recorded as a "requeued" event carrying --reason.
+
+--stale takes the QUEUED jobs older than --stale-after (default: the
+stale_queued_after setting) in --queues (default: every queue) whose task
+asynq will never run: archived, completed or gone.
+
+A job is refused, and nothing about it changes, when it is unknown,
+PROCESSING or COMPLETED, when asynq holds its task active, pending,
+scheduled or in retry, and when asynq holds no task for it at all (there
+is no payload to send: the product must enqueue it again). Running the
+command twice is safe: the second run refuses the jobs the first requeued
+(their tasks are pending).
+
+It prints one line per job (one JSON object per line with --output json)
+and exits 0 when every job was requeued, 1 when any was refused or failed,
+2 when it could not run.`,
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			if output != outputText && output != outputJSON {
+				return cannotRun("--output %q is not a format: use text or json", output)
+			}
+			if strings.TrimSpace(reason) == "" {
+				return cannotRun("--reason is required: say why the jobs are run again (it is recorded in each job's requeued event)")
+			}
+			switch {
+			case stale && len(ids) > 0:
+				return cannotRun("give job IDs or --stale, not both")
+			case !stale && len(ids) == 0:
+				return cannotRun("give the IDs of the jobs to requeue, or --stale for the stale QUEUED jobs")
+			case !stale && cmd.Flags().Changed("stale-after"):
+				return cannotRun("--stale-after applies to --stale only")
+			case !stale && cmd.Flags().Changed("queues"):
+				return cannotRun("--queues applies to --stale only: a job given by ID is requeued in its own queue")
+			}
+			cfg, err := a.loadConfig(cmd, config.RequeueKeys...)
+			if err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("stale-after") {
+				staleAfter = cfg.StaleQueuedAfter
+			} else if staleAfter <= 0 {
+				return cannotRun("--stale-after %s must be positive", staleAfter)
+			}
+			return a.requeue(cmd.Context(), cfg, newLogger(cfg, a.stderr).With("component", "requeue"), requeueRun{
+				ids: ids, stale: stale, staleAfter: staleAfter, reason: reason, output: output,
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are run again, recorded in each job's requeued event (required)")
+	cmd.Flags().BoolVar(&stale, "stale", false, "requeue the stale QUEUED jobs: older than --stale-after, whose task asynq will never run")
+	cmd.Flags().DurationVar(&staleAfter, "stale-after", config.StaleQueuedAfterDefault, "with --stale: how long a job must have been QUEUED (default: the stale_queued_after setting)")
+	cmd.Flags().StringVar(&output, "output", outputText, "format of the lines on stdout: text or json (one object per line)")
+	return cmd
+}
+
+// requeueRun is one invocation of requeue.
+type requeueRun struct {
+	ids        []string
+	stale      bool
+	staleAfter time.Duration
+	reason     string
+	output     string
+}
+
+// requeue connects, requeues the jobs and prints a line for each. It
+// returns an exit-1 error when any job was refused or failed.
+func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, run requeueRun) error {
+	pool, err := connectPostgres(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireMigrated(ctx, pool, cfg); err != nil {
+		return err
+	}
+	rdb, err := connectRedis(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer closeWith(log, "Redis client", rdb.Close)
+	store := jobs.NewStore(pool, jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout))
+	rq := queue.NewRequeuer(rdb, store)
+	bad := 0
+	one := func(id string) error {
+		line := requeueLine{JobID: id}
+		done, err := rq.Requeue(ctx, id, run.reason)
+		line.Queue, line.FromStatus, line.TaskState = done.Queue, done.FromStatus, done.TaskState
+		switch {
+		case errors.Is(err, queue.ErrRequeueRefused):
+			bad++
+			line.Outcome = outcomeRefused
+			line.Message = strings.TrimPrefix(err.Error(), "job "+id+": "+queue.ErrRequeueRefused.Error()+": ")
+		case err != nil:
+			bad++
+			line.Outcome, line.Message = outcomeError, err.Error()
+		default:
+			line.Outcome, line.Generation = outcomeRequeued, done.Generation
+			log.Info("job requeued", "job_id", id, "queue", done.Queue, "from_status", done.FromStatus,
+				"task_state", done.TaskState, "generation", done.Generation, "reason", run.reason)
+		}
+		return printRequeueLine(a, line, run.output)
+	}
+	if !run.stale {
+		for _, id := range run.ids {
+			if err := one(id); err != nil {
+				return cannotRun("writing the output: %v", err)
+			}
+		}
+	} else {
+		found, err := eachStaleQueued(ctx, store, queue.NewStatusReader(rdb, cfg.OpTimeout), cfg.Queues, run.staleAfter, one)
+		if err != nil {
+			return &exitError{code: exitPassErrors, err: fmt.Errorf("looking for stale QUEUED jobs failed after %d job(s): %w", found, err)}
+		}
+		if found == 0 {
+			log.Info("no stale QUEUED job: none is older than --stale-after with a task asynq will never run", "stale_after", run.staleAfter)
+		}
+	}
+	if bad > 0 {
+		return &exitError{code: exitPassErrors, err: fmt.Errorf("%d job(s) not requeued; see the lines above", bad)}
+	}
+	return nil
+}
+
+// eachStaleQueued calls fn for each QUEUED job of queues older than
+// older whose task asynq will never run (archived, completed, gone, or
+// its queue unknown), reading the rows page by page and looking each
+// page's tasks up in one pipeline. It returns how many jobs it passed to
+// fn.
+func eachStaleQueued(ctx context.Context, store *jobs.Store, statuses *queue.StatusReader, queues []string,
+	older time.Duration, fn func(id string) error) (int, error) {
+	found := 0
+	var after jobs.StaleCursor
+	for {
+		page, err := store.ListStaleQueued(ctx, jobs.StaleQueuedParams{Older: older, Queues: queues, After: after, Limit: staleLookupPage})
+		if err != nil {
+			return found, err
+		}
+		refs := make([]queue.TaskRef, len(page))
+		for i, row := range page {
+			refs[i] = queue.TaskRef{Queue: row.Queue, ID: row.ID}
+		}
+		sts, err := statuses.TaskStatuses(ctx, refs)
+		if err != nil {
+			return found, err
+		}
+		for i, row := range page {
+			if sts[i].WillRun() && sts[i] != queue.TaskQueueNotFound {
+				continue // pending, scheduled, retry, active: asynq will run it
+			}
+			found++
+			if err := fn(row.ID); err != nil {
+				return found, err
+			}
+		}
+		if len(page) < staleLookupPage {
+			return found, nil
+		}
+		last := page[len(page)-1]
+		after = jobs.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+	}
+}
+
+func printRequeueLine(a *app, line requeueLine, output string) error {
+	if output == outputJSON {
+		return json.NewEncoder(a.stdout).Encode(line)
+	}
+	var err error
+	switch line.Outcome {
+	case outcomeRequeued:
+		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one\n",
+			line.JobID, line.FromStatus, line.Generation, line.TaskState, line.Queue)
+	case outcomeRefused:
+		_, err = fmt.Fprintf(a.stdout, "refused %s: %s; nothing changed\n", line.JobID, line.Message)
+	default:
+		_, err = fmt.Fprintf(a.stdout, "error %s: %s\n", line.JobID, oneLine(line.Message))
+	}
+	return err
+}

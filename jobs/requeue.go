@@ -1,0 +1,91 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrChangedSinceRead means a compare-and-set found the job no longer in
+// the state the caller read (another status or generation): nothing was
+// written. Read the job again before deciding anew.
+var ErrChangedSinceRead = errors.New("job changed since it was read")
+
+// EventRequeued is the kind of the job_events row Requeue writes.
+const EventRequeued = "requeued"
+
+// requeueSQL puts a FAILED or QUEUED job back to QUEUED with its generation
+// raised, if it is still in the status and generation that were read.
+// Raising the generation is what lets the start guard run the job again:
+// the marker of a reap records the reaped generation, and the guard refuses
+// a task whose marker holds the row's generation or a newer one. The cursor
+// stays, so the next attempt resumes where the last one stopped; updated_at
+// moves, so the job is not reported as stale QUEUED again at once.
+const requeueSQL = `
+UPDATE {schema}.jobs
+   SET status = 'QUEUED', generation = generation + 1, failure_reason = NULL, finished_at = NULL,
+       marker_set_at = NULL, updated_at = now()
+ WHERE id = @id AND status = @status AND generation = @generation AND status IN ('FAILED', 'QUEUED')
+RETURNING generation`
+
+// RequeueParams names a job to requeue and the state it was read in.
+type RequeueParams struct {
+	JobID string
+	// Status and Generation are the values read; Requeue changes nothing
+	// when either moved since. Status must be StatusFailed or StatusQueued.
+	Status     string
+	Generation int64
+	// Reason is the operator's words, recorded in the event.
+	Reason string
+	// Detail is added to the event's detail (what the caller found in
+	// asynq, for example); it must marshal to a JSON object.
+	Detail map[string]any
+}
+
+// Requeue puts a FAILED or QUEUED job back to QUEUED with its generation
+// raised by one, failure_reason, finished_at and marker_set_at cleared,
+// and records a "requeued" event carrying p.Reason and p.Detail, in one
+// transaction. It returns the new generation.
+//
+// Errors: ErrInvalidArgument for an empty reason or a status other than
+// FAILED or QUEUED (nothing sent); ErrChangedSinceRead when the row is no
+// longer in p.Status at p.Generation (nothing written; a missing row
+// answers the same); a wrapped driver error otherwise.
+func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
+	if p.Reason == "" {
+		return 0, fmt.Errorf("jobs.Requeue: job %s: %w: a reason is required", p.JobID, ErrInvalidArgument)
+	}
+	if p.Status != StatusFailed && p.Status != StatusQueued {
+		return 0, fmt.Errorf("jobs.Requeue: job %s: %w: status %s cannot be requeued", p.JobID, ErrInvalidArgument, p.Status)
+	}
+	detail := map[string]any{}
+	for k, v := range p.Detail {
+		detail[k] = v
+	}
+	detail["reason"], detail["from_status"], detail["from_generation"] = p.Reason, p.Status, p.Generation
+	js, err := json.Marshal(detail)
+	if err != nil {
+		return 0, fmt.Errorf("jobs.Requeue: job %s: %w: detail: %v", p.JobID, ErrInvalidArgument, err)
+	}
+	ctx, done := s.op(ctx, "Requeue")
+	var gen int64
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, s.q(requeueSQL), pgx.NamedArgs{"id": p.JobID, "status": p.Status, "generation": p.Generation}).Scan(&gen)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("job %s is no longer %s at generation %d: %w", p.JobID, p.Status, p.Generation, ErrChangedSinceRead)
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, s.q(`INSERT INTO {schema}.job_events (job_id, kind, generation, detail) VALUES ($1, $2, $3, $4)`),
+			p.JobID, EventRequeued, gen, jsonText(js))
+		return err
+	})
+	if err != nil {
+		return 0, done(err)
+	}
+	return gen, done(nil)
+}
