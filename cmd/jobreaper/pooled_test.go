@@ -53,7 +53,7 @@ func TestPooledMigrateAndRunOnceOnANonPublicSchema(t *testing.T) {
 	for _, r := range results {
 		requireExit(t, r, exitOK)
 		switch r.stdout {
-		case `applied 3 migration(s) to schema "jobreaper": 1, 2, 3` + "\n":
+		case `applied 4 migration(s) to schema "jobreaper": 1, 2, 3, 4` + "\n":
 			applied++
 		case `schema "jobreaper" is up to date: no migration applied` + "\n":
 			current++
