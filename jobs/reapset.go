@@ -222,7 +222,7 @@ func (s *Store) reapFollowUps(ctx context.Context, tx pgx.Tx, reaped []ReapedJob
 		ids[i], gens[i], workers[i], details[i] = r.JobID, r.Evidence.Generation, r.Evidence.Worker, string(d)
 	}
 	batch := &pgx.Batch{}
-	batch.Queue(restorePlansSQL, saved.seqscan, saved.cacheMode)
+	batch.Queue(restorePlansSQL, saved.seqscan, saved.nestloop, saved.cacheMode)
 	batch.Queue(s.q(reapEventsSQL), pgx.NamedArgs{"ids": ids, "generations": gens, "workers": workers, "details": details})
 	type step struct {
 		jobID string
