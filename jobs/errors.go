@@ -8,6 +8,12 @@ var (
 	// ErrNotFound: no job row with that ID exists.
 	ErrNotFound = errors.New("job not found")
 
+	// ErrUnknownType: no job_types row names the job's type. The reaper
+	// skips such a job as unknown_type on every pass, so queue.Enqueue
+	// refuses to enqueue it: register the type (INSERT INTO job_types)
+	// first.
+	ErrUnknownType = errors.New("job type is not registered in job_types")
+
 	// ErrClaimLost: the claim matched 0 rows because another worker claimed
 	// the same generation first, or the job is no longer QUEUED/PROCESSING.
 	ErrClaimLost = errors.New("claim lost: the job was claimed by another attempt or is terminal")

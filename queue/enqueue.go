@@ -34,8 +34,9 @@ var ErrTypeConflict = errors.New("task type differs from the job row's type")
 // EnqueueStore is what Enqueue needs from PostgreSQL; *jobs.Store
 // satisfies it.
 type EnqueueStore interface {
-	// Get reads the job row and its type limits; an error wrapping
-	// jobs.ErrNotFound when none.
+	// Get reads the job row and its type limits (Snapshot.Limits nil when
+	// no job_types row names the type); an error wrapping jobs.ErrNotFound
+	// when there is no row.
 	Get(ctx context.Context, id string) (jobs.Snapshot, error)
 }
 
@@ -50,7 +51,7 @@ type EnqueueStore interface {
 // Enqueue reads the row and passes, before the caller's opts:
 // asynq.TaskID(jobID); asynq.Queue(the row's queue, QueueDefault when
 // NULL); asynq.Timeout(the type's hard_timeout, jobs.HardTimeoutDefault
-// (24 h) when NULL or when the type is unknown). asynq applies options in
+// (24 h) when NULL). asynq applies options in
 // order, so a caller's Timeout, Deadline, MaxRetry and the like override
 // ours (a shorter Timeout makes asynq retry the task before the reaper's
 // softer rule can act, see bad_limits). A caller's TaskID or Queue must
@@ -59,7 +60,11 @@ type EnqueueStore interface {
 //
 // Enqueue also refuses, before anything reaches Redis, what the row or the
 // start guard contradicts: a task whose type is not the row's type
-// (ErrTypeConflict, naming both types), and asynq.Group (ErrOptionConflict):
+// (ErrTypeConflict, naming both types); a row whose type has no job_types
+// row (jobs.ErrUnknownType, naming the type), which the reaper would skip
+// as unknown_type on every pass and whose hard timeout nobody set. The
+// type is checked in the same read as the row (Get joins job_types), so a
+// type registered just before the call is known; and asynq.Group (ErrOptionConflict):
 // asynq replaces a group's member tasks by one aggregated task whose ID is
 // no job's, which the start guard can never claim.
 //
@@ -68,7 +73,7 @@ type EnqueueStore interface {
 //
 // Errors: an error wrapping jobs.ErrInvalidArgument for a nil task; an
 // error wrapping jobs.ErrNotFound when the row is missing (the row was not
-// committed first); ErrTypeConflict; jobs.ErrJobTerminal when the job is
+// committed first); ErrTypeConflict; jobs.ErrUnknownType; jobs.ErrJobTerminal when the job is
 // already COMPLETED or FAILED (requeue it first); ErrOptionConflict;
 // asynq.ErrTaskIDConflict wrapped when a task with this ID already exists
 // in the queue (asynq keeps completed and archived tasks too); "queue.Enqueue
@@ -90,6 +95,13 @@ func enqueue(ctx context.Context, client *asynq.Client, insp *asynq.Inspector, s
 	if task.Type() != row.Type {
 		return nil, fmt.Errorf("queue.Enqueue: job %s: task type %q is not the row's type %q: %w",
 			jobID, task.Type(), row.Type, ErrTypeConflict)
+	}
+	if row.Limits == nil {
+		// The row was read joined with its job_types row, so this answer
+		// is as fresh as the read: a type registered a moment ago is
+		// known, without a cache that could miss it.
+		return nil, fmt.Errorf("queue.Enqueue: job %s: type %q has no job_types row (register it first: INSERT INTO job_types (name, max_runtime) VALUES ('%s', ...)): %w",
+			jobID, row.Type, row.Type, jobs.ErrUnknownType)
 	}
 	if row.Status == jobs.StatusCompleted || row.Status == jobs.StatusFailed {
 		// The guard would refuse the task anyway; enqueueing it would only

@@ -1,0 +1,69 @@
+package queue
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+)
+
+// A row whose type has no job_types row would be skipped by the reaper as
+// unknown_type on every pass: Enqueue and Enqueuer.Enqueue refuse it,
+// naming the type, and nothing reaches asynq. Once the type is registered
+// the same call enqueues: the check reads job_types at every call, so no
+// stale answer outlives the registration.
+func TestEnqueueRefusesAnUnknownType(t *testing.T) {
+	t.Parallel()
+	rc := realRedis(t)
+	queue := unique(t, "unknown-")
+	deleteQueueAtCleanup(t, rc, queue)
+	b := setupEnqueue(t, rc)
+	enq := NewEnqueuer(rc, b.store)
+	idA, idB := unique(t, "Junk-a-"), unique(t, "Junk-b-")
+	for _, id := range []string{idA, idB} {
+		b.db.Insert(t, jobstest.Job{ID: id, Type: "thumbnail.render", Status: jobs.StatusQueued, Queue: queue})
+	}
+	task := asynq.NewTask("thumbnail.render", nil)
+
+	calls := map[string]func(id string) error{
+		"Enqueue": func(id string) error {
+			_, err := Enqueue(t.Context(), b.client, b.store, task, id)
+			return err
+		},
+		"Enqueuer.Enqueue": func(id string) error {
+			_, err := enq.Enqueue(t.Context(), task, id)
+			return err
+		},
+	}
+	for name, call := range calls {
+		for _, id := range []string{idA, idB} {
+			err := call(id)
+			if !errors.Is(err, jobs.ErrUnknownType) {
+				t.Fatalf("%s of job %s with an unregistered type: err = %v, want jobs.ErrUnknownType", name, id, err)
+			}
+			if !strings.Contains(err.Error(), `type "thumbnail.render"`) || !strings.Contains(err.Error(), id) {
+				t.Fatalf("%s: error %q does not name the type and the job", name, err)
+			}
+			requireNoTask(t, b.insp, queue, id)
+			requireRow(t, b.db, id, jobs.StatusQueued, 0)
+		}
+	}
+
+	b.db.JobType(t, "thumbnail.render", "5 minutes", "", "40 minutes")
+	if err := calls["Enqueue"](idA); err != nil {
+		t.Fatalf("Enqueue after the type was registered: %v", err)
+	}
+	if err := calls["Enqueuer.Enqueue"](idB); err != nil {
+		t.Fatalf("Enqueuer.Enqueue after the type was registered: %v", err)
+	}
+	for _, id := range []string{idA, idB} {
+		info, err := b.insp.GetTaskInfo(queue, id)
+		if err != nil || info.State != asynq.TaskStatePending || info.Timeout.String() != "40m0s" {
+			t.Fatalf("task %s = %+v (%v), want pending with the type's 40m hard timeout", id, info, err)
+		}
+	}
+}
