@@ -83,6 +83,11 @@ const (
 	// backlog of old pending tasks costs a pass little; the rest are looked
 	// up by the next passes.
 	StaleQueuedLookupsPerPassDefault = 1000
+	// MarkerCheckWindowDefault is the time within which the daemon
+	// re-asserts the marker of every job reaped in the last 7 days, a
+	// slice per pass, whatever their number: a marker lost to a failover or
+	// an eviction is back within an hour.
+	MarkerCheckWindowDefault = time.Hour
 )
 
 // Config is everything the jobreaper daemon and its commands are configured
@@ -131,6 +136,9 @@ type Config struct {
 	// StaleQueuedLookupsPerPass bounds the QUEUED rows one daemon pass looks
 	// up in asynq; at least 1.
 	StaleQueuedLookupsPerPass int `yaml:"stale_queued_lookups_per_pass" koanf:"stale_queued_lookups_per_pass"`
+	// MarkerCheckWindow is the time within which the daemon re-asserts the
+	// marker of every job reaped in the last 7 days; at least Interval.
+	MarkerCheckWindow time.Duration `yaml:"marker_check_window" koanf:"marker_check_window"`
 	// Cascades are each job type's on_failed and on_completed statements.
 	// They are read from the config file only (SQL does not belong in a
 	// flag or an environment variable).
@@ -156,6 +164,7 @@ func (c Config) WithDefaults() Config {
 	c.OpTimeout = cmp.Or(c.OpTimeout, OpTimeoutDefault)
 	c.StaleQueuedAfter = cmp.Or(c.StaleQueuedAfter, StaleQueuedAfterDefault)
 	c.StaleQueuedLookupsPerPass = cmp.Or(c.StaleQueuedLookupsPerPass, StaleQueuedLookupsPerPassDefault)
+	c.MarkerCheckWindow = cmp.Or(c.MarkerCheckWindow, MarkerCheckWindowDefault)
 	return c
 }
 

@@ -85,6 +85,7 @@ func TestWithDefaults(t *testing.T) {
 
 			StaleQueuedAfter:          time.Hour,
 			StaleQueuedLookupsPerPass: 1000,
+			MarkerCheckWindow:         time.Hour,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)

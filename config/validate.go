@@ -70,6 +70,10 @@ func (c Config) Validate() error {
 	v.positive("heartbeat_interval", c.HeartbeatInterval)
 	v.positive("op_timeout", c.OpTimeout)
 	v.positive("stale_queued_after", c.StaleQueuedAfter)
+	if c.Interval > 0 && c.MarkerCheckWindow < c.Interval {
+		v.add(&FieldError{Key: "marker_check_window", Related: []string{"interval"},
+			Msg: fmt.Sprintf("marker_check_window %s is below interval %s: the window is covered a slice per pass, so it needs at least one pass", c.MarkerCheckWindow, c.Interval)})
+	}
 	if c.StaleQueuedLookupsPerPass < 1 {
 		v.addf("stale_queued_lookups_per_pass", "stale_queued_lookups_per_pass %d is below 1: the pass must look up at least one QUEUED row", c.StaleQueuedLookupsPerPass)
 	}

@@ -53,6 +53,8 @@ func TestValidate(t *testing.T) {
 			[]string{"op_timeout 0s must be positive"}},
 		{"RefusesNegativeStartJitter", func(c *Config) { c.StartJitter = -time.Second }, "start_jitter",
 			[]string{"start_jitter -1s is negative"}},
+		{"RefusesMarkerCheckWindowBelowInterval", func(c *Config) { c.MarkerCheckWindow = 30 * time.Second }, "marker_check_window",
+			[]string{"marker_check_window 30s is below interval 1m0s"}},
 		{"RefusesStaleQueuedLookupsBelowOne", func(c *Config) { c.StaleQueuedLookupsPerPass = 0 }, "stale_queued_lookups_per_pass",
 			[]string{"stale_queued_lookups_per_pass 0 is below 1"}},
 		{"RefusesStaleQueuedAfterNotPositive", func(c *Config) { c.StaleQueuedAfter = -time.Minute }, "stale_queued_after",

@@ -134,7 +134,7 @@ func TestCase_B38_OneBadMarkerKeyDoesNotStopTheRepair(t *testing.T) {
 		}
 	}
 	// Both Ys were restored in the first pass after Redis came back, once.
-	if got := metricValue(t, reg, "jobreaper_markers_repaired_total", nil); got != 2 {
+	if got := metricValue(t, reg, "jobreaper_markers_repaired_total", map[string]string{"cause": "write_failed"}); got != 2 {
 		t.Fatalf("jobreaper_markers_repaired_total = %v, want 2", got)
 	}
 	store, err := queue.NewMarkerStore(a.rc)

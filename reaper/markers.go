@@ -31,19 +31,25 @@ func (r *Reaper) markerWritten(ctx context.Context, jobID string, generation int
 // since every later write would wait for the same timeout; the rest are
 // retried next pass. A failed read of the list of missing markers is a
 // database error of the pass (stage load), not a marker write failure.
-func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) {
+//
+// It returns the jobs whose marker it tried, so that the pass's
+// re-assertion (reassertMarkers) does not try them, or report a bad key,
+// twice.
+func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) (tried map[string]bool) {
+	tried = map[string]bool{}
 	if ctx.Err() != nil {
-		return
+		return tried
 	}
 	missing, err := r.store.ListMissingMarkers(ctx, now, queue.MarkerTTL, 0)
 	if err != nil {
 		r.failed(ctx, res, stageLoad, "looking for missing markers failed; retried next pass", "err", err)
-		return
+		return tried
 	}
 	for i, m := range missing {
 		if ctx.Err() != nil {
-			return
+			return tried
 		}
+		tried[m.JobID] = true
 		ttl := queue.MarkerRemaining(m.ReapedAt, now)
 		set, err := r.markers.Set(ctx, m.JobID, m.Generation, ttl)
 		if errors.Is(err, queue.ErrBadMarker) {
@@ -55,14 +61,16 @@ func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) 
 		if err != nil {
 			r.failed(ctx, res, stageMarker, "marker repair failed; Redis looks unavailable, the remaining markers are retried next pass",
 				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "remaining", len(missing)-i, "err", err)
-			return
+			return tried
 		}
 		r.markerWritten(ctx, m.JobID, m.Generation)
 		if !set {
 			continue // already there, or its 7 days are over
 		}
-		r.opts.Metrics.markerRepaired()
+		r.opts.Metrics.markerRepaired(causeWriteFailed)
+		res.MarkersRestored++
 		r.log.Info("marker re-set after an earlier failed write", "job_id", m.JobID, "generation", m.Generation,
 			"ttl", ttl, "reaped_at", m.ReapedAt)
 	}
+	return tried
 }

@@ -15,7 +15,7 @@ type Metrics struct {
 	skipped       *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	markersFailed prometheus.Counter
-	markersFixed  prometheus.Counter
+	markersFixed  *prometheus.CounterVec
 	queueNotFound *prometheus.CounterVec
 	duration      prometheus.Histogram
 	lastSuccess   prometheus.Gauge
@@ -69,10 +69,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jobreaper_markers_failed_total",
 			Help: "Marker writes that failed, at the reap or in a later pass's repair (the FAILED row still guards); database reads that fail are counted in jobreaper_pass_errors_total only.",
 		}),
-		markersFixed: prometheus.NewCounter(prometheus.CounterOpts{
+		markersFixed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_markers_repaired_total",
-			Help: "Markers re-set by a later pass after their write failed at the reap.",
-		}),
+			Help: "Markers re-set by a later pass, by cause: write_failed (the write at the reap failed) or lost (written, then lost to a failover, an eviction or a delete).",
+		}, []string{"cause"}),
 		queueNotFound: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_queue_not_found_total",
 			Help: "Configured queues asynq has never seen (treated as empty; check for a typo).",
@@ -102,6 +102,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound} {
 		m.skipped.WithLabelValues(string(reason))
 	}
+	for _, cause := range []string{causeWriteFailed, causeLost} {
+		m.markersFixed.WithLabelValues(cause)
+	}
 	m.reconcile = newReconcileMetrics(reg)
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
 		m.queueNotFound, m.duration, m.lastSuccess)
@@ -120,9 +123,15 @@ func (m *Metrics) errorAt(stage string) {
 	}
 }
 
-func (m *Metrics) markerRepaired() {
+// Causes of a marker repair (jobreaper_markers_repaired_total{cause}).
+const (
+	causeWriteFailed = "write_failed"
+	causeLost        = "lost"
+)
+
+func (m *Metrics) markerRepaired(cause string) {
 	if m != nil {
-		m.markersFixed.Inc()
+		m.markersFixed.WithLabelValues(cause).Inc()
 	}
 }
 

@@ -30,6 +30,8 @@ type Store interface {
 	MarkMarkerSet(ctx context.Context, jobID string, generation int64) error
 	MarkMarkersSet(ctx context.Context, refs []jobs.MarkerRef) error
 	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)
+	ListReaped(ctx context.Context, p jobs.ReapedParams) ([]jobs.Reaped, error)
+	CountReaped(ctx context.Context, p jobs.ReapedParams) (int, error)
 }
 
 // Lister lists active tasks and looks single tasks up;
@@ -79,6 +81,14 @@ type Options struct {
 	// jobs.LoadBatchSize); a pass holds one batch of rows at a time, and a
 	// batch that fails to load costs only its own tasks.
 	LoadBatch int
+	// MarkerCheckWindow is the time within which every marker of the last
+	// 7 days is re-asserted, a slice per pass (default
+	// MarkerCheckWindowDefault).
+	MarkerCheckWindow time.Duration
+	// Once makes every pass do all of its paced work at once: re-assert
+	// every marker, visit every lost-task candidate and every stale QUEUED
+	// row (run --once).
+	Once bool
 }
 
 // Result is what one pass did. Its JSON form is the output of
@@ -97,6 +107,9 @@ type Result struct {
 	Errors int `json:"errors"`
 	// ReapedBy counts reaped jobs by failure reason.
 	ReapedBy map[string]int `json:"-"`
+	// MarkersRestored counts markers this pass wrote again: their write at
+	// the reap had failed, or they were lost since (failover, eviction).
+	MarkersRestored int `json:"markers_restored"`
 }
 
 func newResult() Result {
@@ -118,6 +131,7 @@ type Reaper struct {
 	log     *slog.Logger
 
 	eviction evictionState
+	reassert reassertState
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -128,6 +142,7 @@ type Reaper struct {
 func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	opts.Interval = cmp.Or(opts.Interval, IntervalDefault)
 	opts.LoadBatch = cmp.Or(opts.LoadBatch, jobs.LoadBatchSize)
+	opts.MarkerCheckWindow = cmp.Or(opts.MarkerCheckWindow, MarkerCheckWindowDefault)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -212,7 +227,10 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	}
 	// Markers whose write failed in an earlier pass (first, so that a
 	// write failing in this pass is not retried at once).
-	r.repairMarkers(ctx, now, &res)
+	tried := r.repairMarkers(ctx, now, &res)
+	// Every marker of the last 7 days, a slice per pass, so that one lost
+	// to a failover or an eviction comes back within MarkerCheckWindow.
+	r.reassertMarkers(ctx, now, tried, &res)
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
 	ids, listed := r.listActive(ctx, queues, &res)

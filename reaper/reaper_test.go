@@ -257,7 +257,7 @@ func TestRunOnce(t *testing.T) {
 		if ttl := b.redis.TTL(queue.MarkerKey("J1")); ttl > queue.MarkerTTL-2*time.Hour || ttl < queue.MarkerTTL-2*time.Hour-time.Minute {
 			t.Fatalf("repaired marker TTL = %v, want 7 days minus the 2 hours since the reap", ttl)
 		}
-		if got := metricValue(t, b.reg, "jobreaper_markers_repaired_total", nil); got != 1 {
+		if got := metricValue(t, b.reg, "jobreaper_markers_repaired_total", map[string]string{"cause": "write_failed"}); got != 1 {
 			t.Fatalf("jobreaper_markers_repaired_total = %v, want 1", got)
 		}
 		if _, err := r.RunOnce(ctx); err != nil || counting.sets != 1 {

@@ -150,9 +150,14 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		Logger:   log,
 		Metrics:  metrics,
 		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
+
+		MarkerCheckWindow: cfg.MarkerCheckWindow,
 	}
 	if jitter {
 		opts.StartJitter = cfg.StartJitter
+	} else {
+		// run --once: an operator's one pass does all of its paced work.
+		opts.Once = true
 	}
 	return &deps{reaper: reaper.New(store, lister, markers, opts), close: closeAll}, nil
 }

@@ -47,8 +47,8 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if strings.Join(keys, ",") != "errors,reaped,scanned,skipped" {
-		t.Fatalf("keys %v, want errors, reaped, scanned, skipped", keys)
+	if strings.Join(keys, ",") != "errors,markers_restored,reaped,scanned,skipped" {
+		t.Fatalf("keys %v, want errors, markers_restored, reaped, scanned, skipped", keys)
 	}
 	return doc
 }
