@@ -139,6 +139,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	var got struct {
 		Scanned, Reaped, Errors int
 		Skipped                 map[string]int
+		MarkersRestored         int `json:"markers_restored"`
 	}
 	dec := json.NewDecoder(strings.NewReader(stdout.String()))
 	dec.DisallowUnknownFields()
