@@ -6,6 +6,13 @@
 #   make lint       go vet, gofmt and golangci-lint (when installed)
 
 GO ?= go
+# Stamped into the binary by the linker, so that `jobreaper version` names
+# the release and commit even where Go's VCS stamping is off (a Docker
+# build context has no .git). Override on the command line when building
+# from a tarball: make build VERSION=v1.2.3 REVISION=<commit>.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(REVISION)
 export PATH := /usr/local/go/bin:$(PATH)
 
 .PHONY: test services build lint docker
@@ -17,7 +24,7 @@ services:
 	bash .ci/services.sh
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/jobreaper ./cmd/jobreaper
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/jobreaper ./cmd/jobreaper
 
 lint:
 	$(GO) vet ./...
@@ -26,4 +33,4 @@ lint:
 	else echo "golangci-lint not installed: go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest"; fi
 
 docker:
-	docker build -f deploy/Dockerfile -t jobreaper .
+	docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t jobreaper .

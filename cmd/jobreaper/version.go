@@ -15,8 +15,9 @@ func (a *app) versionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Print jobreaper's version, VCS revision and Go version",
 		Long: `version prints the module version and VCS revision the binary was built
-from (from its build information), and the Go version. A binary built
-without that information (go run, go test) prints "devel".`,
+from, and the Go version. They come from the linker flags of ` + "`make build`" + ` and
+the image (git describe), else from Go's build information; a binary built
+with neither (go run, go test) prints "devel".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintf(a.stdout, "jobreaper %s\n", version())
@@ -25,18 +26,38 @@ without that information (go run, go test) prints "devel".`,
 	}
 }
 
-// version describes the running binary: see versionOf.
+// buildVersion and buildRevision are set by the linker where Go's VCS
+// stamping cannot see the repository (a Docker build context without
+// .git, a source tarball): `make build` and deploy/Dockerfile pass
+//
+//	-ldflags "-X main.buildVersion=$(git describe --tags --always --dirty) -X main.buildRevision=$(git rev-parse HEAD)"
+//
+// Empty (the default) means "not stamped": the build information decides.
+var (
+	buildVersion  string
+	buildRevision string
+)
+
+// version describes the running binary: see stampedVersion.
 func version() string {
 	bi, _ := debug.ReadBuildInfo()
-	return versionOf(bi, runtime.Version())
+	return stampedVersion(bi, buildVersion, buildRevision, runtime.Version())
 }
 
-// versionOf returns "<module version>, revision <vcs.revision>[ (modified)],
-// <go version>" from bi (nil when the binary has no build information).
-// The module version is "devel" when bi has none (go run, go test, or a
-// build outside version control); the revision part is left out when bi
-// records none.
+// versionOf is stampedVersion without linker stamps.
 func versionOf(bi *debug.BuildInfo, goVersion string) string {
+	return stampedVersion(bi, "", "", goVersion)
+}
+
+// stampedVersion returns "<version>, revision <revision>[ (modified)],
+// <go version>". The version is linkVersion when set (git describe's
+// answer names the tag, the commits since and the dirty state), else the
+// module version of bi, else "devel" (go run, go test, a build outside
+// version control without linker flags). The revision is bi's
+// vcs.revision when recorded, else linkRevision; the revision part is
+// left out when neither has one. bi is nil when the binary has no build
+// information.
+func stampedVersion(bi *debug.BuildInfo, linkVersion, linkRevision, goVersion string) string {
 	v, revision, modified := "devel", "", false
 	if bi != nil {
 		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
@@ -50,6 +71,12 @@ func versionOf(bi *debug.BuildInfo, goVersion string) string {
 				modified = s.Value == "true"
 			}
 		}
+	}
+	if linkVersion != "" {
+		v = linkVersion
+	}
+	if revision == "" {
+		revision = linkRevision
 	}
 	if revision != "" {
 		v += ", revision " + revision
