@@ -63,8 +63,18 @@ func TestREADMEWorkerSnippetCompiles(t *testing.T) {
 		t.Fatal("the Go code block is not closed")
 	}
 	code = code[:end+1]
-	if !strings.HasPrefix(code, "import (") {
-		t.Fatalf("the snippet should start with its imports, got %q", code[:min(40, len(code))])
+	// A complete program (package main with its func main) compiles as
+	// written; a fragment starting with its imports gets a package clause.
+	program := strings.HasPrefix(code, "package main\n")
+	if !program && !strings.HasPrefix(code, "import (") {
+		t.Fatalf("the snippet should start with its package clause or its imports, got %q", code[:min(40, len(code))])
+	}
+	if program && !strings.Contains(code, "\nfunc main() {") {
+		t.Fatal("the snippet is package main without a func main")
+	}
+	source := "package readmesnippet\n\n" + code
+	if program {
+		source = code
 	}
 
 	root := repoRoot(t)
@@ -86,7 +96,7 @@ func TestREADMEWorkerSnippetCompiles(t *testing.T) {
 	for name, content := range map[string]string{
 		"go.mod":     mod,
 		"go.sum":     string(goSum),
-		"snippet.go": "package readmesnippet\n\n" + code,
+		"snippet.go": source,
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			t.Fatal(err)

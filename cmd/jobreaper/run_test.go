@@ -210,6 +210,12 @@ func TestRunOnce(t *testing.T) {
 			"--redis-url", redisTestURL())
 		requireExit(t, r, exitCannotRun)
 		requireOneLineError(t, r, "has no jobreaper tables", "jobreaper migrate")
+		// One sentence: the schema and what to do first, the database last.
+		want := regexp.MustCompile(`^jobreaper: schema "nothing_here_[a-z0-9_]+" has no jobreaper tables \(this binary ships version \d+\); run ` +
+			"`jobreaper migrate --schema nothing_here_[a-z0-9_]+`" + ` with the same database URL, or correct the schema name \(database postgres://\S+\)\n$`)
+		if !want.MatchString(r.stderr) {
+			t.Fatalf("stderr %q does not read as one sentence of the expected form", r.stderr)
+		}
 	})
 }
 

@@ -122,10 +122,15 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config)
 	switch {
 	case errors.Is(err, jobs.ErrNotMigrated):
 		// The error names the schema and the migrate command to run.
-		return cannotRun("PostgreSQL database %s: %s",
-			jobs.RedactURL(cfg.DatabaseURL), strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), ": "+jobs.ErrNotMigrated.Error()))
+		// The error names the schema, what is missing and the command; the
+		// database (without its password) follows, so that the sentence
+		// reads "schema "x" has no jobreaper tables ...; run ... (database
+		// postgres://app@db:5432/app)".
+		return cannotRun("%s (database %s)",
+			strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), ": "+jobs.ErrNotMigrated.Error()),
+			jobs.RedactURL(cfg.DatabaseURL))
 	case err != nil:
-		return cannotRun("cannot read schema %q of PostgreSQL database %s: %v; check the database and --schema",
+		return cannotRun("cannot read schema %q (database %s): %v; check the database and --schema",
 			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
 	}
 	return nil
