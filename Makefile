@@ -4,6 +4,7 @@
 #   make build      static binary in bin/jobreaper
 #   make services   only make sure PostgreSQL and Redis are up
 #   make lint       go vet, gofmt and golangci-lint (when installed)
+#   make bench      bash .ci/bench: the scale benchmarks on the local PostgreSQL and Redis, one table
 
 GO ?= go
 # Stamped into the binary by the linker, so that `jobreaper version` names
@@ -15,13 +16,16 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(REVISION)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: test services build lint docker
+.PHONY: test services build lint docker bench
 
 test:
 	bash .ci/test
 
 services:
 	bash .ci/services.sh
+
+bench:
+	bash .ci/bench
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/jobreaper ./cmd/jobreaper
