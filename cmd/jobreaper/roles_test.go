@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// roleURL is db's URL with user as its user.
+func roleURL(t *testing.T, db *jobstest.DB, user string) string {
+	t.Helper()
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(user)
+	return u.String()
+}
+
+// requireDenied fails unless running sql as conn is refused for lack of a
+// privilege (SQLSTATE 42501).
+func requireDenied(t *testing.T, conn *pgx.Conn, sql string) {
+	t.Helper()
+	_, err := conn.Exec(t.Context(), sql)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("%s: err = %v, want permission denied (42501)", sql, err)
+	}
+}
+
+// deploy/sql/roles.sql grants each role what it needs and nothing more: a
+// full reaping pass with a cascade runs as the reaper role, a worker's
+// claim, heartbeat, advance and complete (with its cascade) run as the
+// worker role, and neither can write what it does not own.
+func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("psql"); err != nil {
+		t.Fatal("psql is not installed: apt-get install -y postgresql-client")
+	}
+	ctx := t.Context()
+	db := jobstest.New(t)
+	suffix := strings.TrimPrefix(unique(""), "-")
+	reaperRole, workerRole := "jr_reaper_"+suffix, "jr_worker_"+suffix
+	t.Cleanup(func() {
+		ctx := context.WithoutCancel(t.Context())
+		for _, r := range []string{reaperRole, workerRole} {
+			id := pgx.Identifier{r}.Sanitize()
+			if _, err := db.Pool.Exec(ctx, `SELECT 1 FROM pg_roles WHERE rolname = $1`, r); err != nil {
+				continue
+			}
+			_, _ = db.Pool.Exec(ctx, "DROP OWNED BY "+id)
+			_, _ = db.Pool.Exec(ctx, "DROP ROLE IF EXISTS "+id)
+		}
+	})
+	psql := exec.CommandContext(ctx, "psql", jobstest.DatabaseURL(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-v", "schema="+db.Schema, "-v", "reaper_role="+reaperRole, "-v", "worker_role="+workerRole,
+		"-f", "../../deploy/sql/roles.sql")
+	if out, err := psql.CombinedOutput(); err != nil {
+		t.Fatalf("psql -f deploy/sql/roles.sql: %v\n%s", err, out)
+	}
+
+	// The product's table and what its cascades add, as roles.sql says.
+	s := pgx.Identifier{db.Schema}.Sanitize()
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.Exec(t, `CREATE TABLE videos (id text PRIMARY KEY, status text NOT NULL, failed_child text, pending int NOT NULL, title text NOT NULL)`)
+	db.Exec(t, `INSERT INTO videos VALUES ('V1', 'WAITING_CHILDREN', NULL, 1, 'first'), ('V2', 'WAITING_CHILDREN', NULL, 1, 'second')`)
+	db.Exec(t, `GRANT SELECT (id, status, pending), UPDATE (status, failed_child, pending) ON videos TO `+
+		pgx.Identifier{reaperRole}.Sanitize()+", "+pgx.Identifier{workerRole}.Sanitize())
+	cascades := jobs.Cascades{"report.export": {
+		OnFailed: []string{`UPDATE ` + s + `.videos SET status = 'FAILED', failed_child = @job_id
+ WHERE id = @parent_id AND status = 'WAITING_CHILDREN'`},
+		OnCompleted: []string{`UPDATE ` + s + `.videos SET pending = pending - 1 WHERE id = @parent_id`},
+	}}
+	file := filepath.Join(t.TempDir(), "jobreaper.yaml")
+	yaml := "cascades:\n  report.export:\n    on_failed:\n      - \"" + strings.ReplaceAll(strings.ReplaceAll(cascades["report.export"].OnFailed[0], `"`, `\"`), "\n", " ") +
+		"\"\n    on_completed:\n      - \"" + strings.ReplaceAll(cascades["report.export"].OnCompleted[0], `"`, `\"`) + "\"\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("ReaperRoleRunsAFullPassWithItsCascade", func(t *testing.T) {
+		rdb := realRedis(t)
+		q, id := unique("roles"), unique("Jreap")
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: q, Worker: "W1", ParentID: "V1",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		activeTask(t, id, q)
+		t.Cleanup(func() { rdb.Del(context.WithoutCancel(t.Context()), queue.MarkerKey(id)) })
+
+		r := run(t, "run", "--once", "--output", "json", "--config", file, "--database-url", roleURL(t, db, reaperRole),
+			"--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", q)
+		requireExit(t, r, exitOK)
+		doc := requireOneJSONResult(t, r.stdout)
+		if string(doc["reaped"]) != "1" || string(doc["errors"]) != "0" {
+			t.Fatalf("pass as the reaper role: %s, want 1 reaped and no error", r.stdout)
+		}
+		if row := db.Read(t, id); row.Status != jobs.StatusFailed || row.FailureReason != jobs.ReasonStalled {
+			t.Fatalf("row = %+v, want FAILED stalled", row)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM videos WHERE id = 'V1' AND status = 'FAILED' AND failed_child = $1`, id); n != 1 {
+			t.Fatal("the on_failed cascade did not fail video V1")
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.jobs WHERE id = $1 AND marker_set_at IS NOT NULL`, id); n != 1 {
+			t.Fatal("marker_set_at was not recorded by the reaper role")
+		}
+		if n := db.Events(t, id, "reaped"); n != 1 {
+			t.Fatalf("%d reaped events, want 1", n)
+		}
+	})
+
+	t.Run("WorkerRoleInsertsClaimsHeartbeatsAdvancesAndCompletes", func(t *testing.T) {
+		pool, err := jobs.Connect(ctx, roleURL(t, db, workerRole), db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		store := jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithCascades(cascades))
+		if err := store.CheckSchema(ctx); err != nil {
+			t.Fatalf("CheckSchema as the worker role: %v", err)
+		}
+		if err := store.PrepareCascades(ctx); err != nil {
+			t.Fatalf("PrepareCascades as the worker role: %v", err)
+		}
+		id := unique("Jwork")
+		if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.jobs (id, type, status, queue, parent_id) VALUES ($1, 'report.export', 'QUEUED', 'default', 'V2')`, id); err != nil {
+			t.Fatalf("inserting a job row as the worker role: %v", err)
+		}
+		lease, err := store.Claim(ctx, id, 0, "W-roles")
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		hb, err := jobs.NewHeartbeater(store, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hb.Heartbeat(ctx, lease, 1); err != nil {
+			t.Fatalf("Heartbeat: %v", err)
+		}
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := store.Advance(ctx, tx, lease, "batch-1", 0, 5)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("Advance: %v", err)
+		}
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := store.Complete(ctx, tx, lease)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		row := db.Read(t, id)
+		if row.Status != jobs.StatusCompleted || row.Cursor != 5 || row.ProgressMark != 1 || row.Generation != lease.Generation {
+			t.Fatalf("row = %+v, want COMPLETED at cursor 5, mark 1, generation %d", row, lease.Generation)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM videos WHERE id = 'V2' AND pending = 0`); n != 1 {
+			t.Fatal("the on_completed cascade did not count video V2's child down")
+		}
+	})
+
+	t.Run("NeitherRoleWritesWhatItDoesNotOwn", func(t *testing.T) {
+		reaper, err := pgx.Connect(ctx, roleURL(t, db, reaperRole))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reaper.Close(context.WithoutCancel(ctx))
+		for _, sql := range []string{
+			`UPDATE ` + s + `.videos SET title = 'overwritten'`,
+			`UPDATE ` + s + `.videos SET pending = 9 WHERE false`, // granted for the cascade: allowed
+			`UPDATE ` + s + `.jobs SET type = 'other'`,
+			`UPDATE ` + s + `.jobs SET "cursor" = 0`,
+			`UPDATE ` + s + `.jobs SET generation = generation + 1`,
+			`DELETE FROM ` + s + `.jobs`,
+			`INSERT INTO ` + s + `.jobs (id, type) VALUES ('x', 'report.export')`,
+			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
+			`CREATE TABLE ` + s + `.intruder (id int)`,
+		} {
+			if strings.Contains(sql, "WHERE false") {
+				if _, err := reaper.Exec(ctx, sql); err != nil {
+					t.Fatalf("%s as the reaper role: %v, want it allowed (the cascade's grant)", sql, err)
+				}
+				continue
+			}
+			requireDenied(t, reaper, sql)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM videos WHERE title IN ('first', 'second')`); n != 2 {
+			t.Fatal("a product title changed")
+		}
+
+		worker, err := pgx.Connect(ctx, roleURL(t, db, workerRole))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer worker.Close(context.WithoutCancel(ctx))
+		for _, sql := range []string{
+			`UPDATE ` + s + `.videos SET title = 'overwritten'`,
+			`UPDATE ` + s + `.jobs SET marker_set_at = now()`,
+			`UPDATE ` + s + `.jobs SET type = 'other'`,
+			`DELETE FROM ` + s + `.jobs`,
+			`DELETE FROM ` + s + `.job_events`,
+			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
+		} {
+			requireDenied(t, worker, sql)
+		}
+	})
+}

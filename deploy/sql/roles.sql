@@ -1,0 +1,88 @@
+-- Least-privilege roles for jobreaper: one for the reaper daemon
+-- (`jobreaper run`), one for the workers that link the library (the start
+-- guard, heartbeats, Advance, Complete, Fail, and queue.Enqueue). Run it as
+-- the owner of jobreaper's tables (the role that ran `jobreaper migrate`),
+-- after migrate, and again after every migrate that adds a table:
+--
+--   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 \
+--        -v schema=jobreaper -v reaper_role=jobreaper_reaper -v worker_role=app_worker \
+--        -f deploy/sql/roles.sql
+--
+-- Role names are parameters because roles belong to the whole server, not
+-- to one database: pick names no other database uses for something else.
+-- A role that does not exist yet is created without a password and with
+-- LOGIN; give it one (\password jobreaper_reaper) or map it in pg_hba.conf.
+-- An existing role is left as it is and only gains the grants below.
+--
+-- Neither role may create, alter or drop anything: `jobreaper migrate`
+-- runs as the owner. Every grant says which statement needs it.
+--
+-- What a cascade adds: the on_failed statements run in the reaper's
+-- transaction (a reap) and in the worker's (Fail, and the guard's failure
+-- mapping), the on_completed statements in the worker's (Complete).
+-- Each role therefore needs, on the product's tables a cascade names,
+-- exactly what the statements do, column by column, for example:
+--
+--   GRANT USAGE ON SCHEMA app TO jobreaper_reaper, app_worker;
+--   GRANT SELECT (id, status, pending), UPDATE (status, failed_child, pending)
+--         ON app.videos TO jobreaper_reaper, app_worker;
+--
+-- (UPDATE ... WHERE reads the columns it names, which needs SELECT on
+-- them.) The reaper then still cannot write any other column of the
+-- product's tables.
+
+\set ON_ERROR_STOP 1
+
+SELECT format('CREATE ROLE %I LOGIN', r)
+  FROM unnest(ARRAY[:'reaper_role', :'worker_role']) AS r
+ WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)
+\gexec
+
+-- Both: look up the tables by their qualified names, and the start-up
+-- check (CheckMigrated, Store.CheckSchema) reads the migration record.
+GRANT USAGE ON SCHEMA :"schema" TO :"reaper_role", :"worker_role";
+GRANT SELECT ON :"schema".jobreaper_schema_version TO :"reaper_role", :"worker_role";
+GRANT SELECT ON :"schema".job_types TO :"reaper_role", :"worker_role";
+
+-- Reaper -----------------------------------------------------------------
+-- The pass reads job rows (load, the lost-task scan, marker repair) and
+-- locks the rows it reaps (SELECT ... FOR UPDATE, which needs an UPDATE
+-- grant on some column).
+GRANT SELECT ON :"schema".jobs TO :"reaper_role";
+-- The reap: status FAILED, its reason and finish time, the marker not yet
+-- written; after the marker write (and its repair), marker_set_at.
+GRANT UPDATE (status, failure_reason, finished_at, marker_set_at)
+   ON :"schema".jobs TO :"reaper_role";
+-- The reaped event of each reap (id is a bigserial).
+GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"reaper_role";
+GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
+
+-- Worker -----------------------------------------------------------------
+-- Reading the row (the guard, Enqueue, the outcome mapping, late-result
+-- checks) and the batches a replayed Advance returns.
+GRANT SELECT ON :"schema".jobs, :"schema".job_batches TO :"worker_role";
+-- Inserting job rows (the product's enqueue side): the insert trigger
+-- reads the ID's earlier generations from events, batches and past lives.
+GRANT INSERT ON :"schema".jobs TO :"worker_role";
+GRANT SELECT ON :"schema".job_events, :"schema".job_past_lives TO :"worker_role";
+-- Claim, Heartbeat, Advance and SetTotal, Complete, Fail, Release, and the
+-- outcome mapping: the attempt's columns, never type, queue, parent_id,
+-- tenant_id, created_at, marker_set_at or first_generation (the trigger
+-- sets that one).
+GRANT UPDATE (status, generation, worker, started_at, updated_at, failure_reason,
+              progress_mark, "cursor", total, finished_at)
+   ON :"schema".jobs TO :"worker_role";
+-- The claimed, failed, released and late_result_rejected events.
+GRANT INSERT (job_id, kind, generation, worker, detail, at) ON :"schema".job_events TO :"worker_role";
+GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"worker_role";
+-- Advance records each batch token (INSERT ... ON CONFLICT DO UPDATE over
+-- an earlier life's row).
+GRANT INSERT (job_id, token, generation, expected_cursor, count, cursor_after),
+      UPDATE (generation, expected_cursor, count, cursor_after, at)
+   ON :"schema".job_batches TO :"worker_role";
+
+-- Not granted, on purpose: DELETE on any table (a product that deletes
+-- job rows needs DELETE on jobs, and the delete trigger then needs INSERT
+-- and UPDATE on job_past_lives: grant those to the role that deletes);
+-- TRUNCATE; any write to job_types (registering a type is a deploy step,
+-- run as the owner).
