@@ -21,13 +21,17 @@ const LostCandidatesLimitDefault = 500
 // (a sane stall timeout is at least @min_stall), keeps the scan to rows idle
 // that long. The active tasks are excluded in Go: sending 100,000 IDs to
 // anti-join would cost more than the search.
+// Rows whose timestamps are infinite (never stalled by the rule) are
+// returned too, so that the caller counts them as bad rows instead of
+// never seeing them.
 const lostCandidatesSQL = `SELECT ` + snapshotColumns + `
   FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.status = 'PROCESSING'
    AND j.queue = ANY(@queues::text[])
    AND j.updated_at <= now() - @min_stall::interval
    AND (j.updated_at, j.id) > (@after_updated_at::timestamptz, @after_id::text)
-   AND ` + StallPredicate + `
+   AND (` + StallPredicate + `
+        OR NOT (isfinite(j.started_at) AND isfinite(j.updated_at)))
  ORDER BY j.updated_at, j.id
  LIMIT @limit`
 
@@ -91,6 +95,6 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 			return out, done(nil)
 		}
 		last := page[len(page)-1]
-		args["after_updated_at"], args["after_id"] = last.UpdatedAt, last.ID
+		args["after_updated_at"], args["after_id"] = last.updatedKey, last.ID
 	}
 }

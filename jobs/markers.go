@@ -82,7 +82,7 @@ func (s *Store) ListMissingMarkers(ctx context.Context, now time.Time, within ti
 	}
 	rows, err := s.db.Query(ctx, s.q(`SELECT id, generation, finished_at FROM {schema}.jobs
  WHERE status = 'FAILED' AND marker_set_at IS NULL AND failure_reason IN ('stalled', 'lost_task')
-   AND finished_at > $1::timestamptz - $2::interval
+   AND finished_at > $1::timestamptz - $2::interval AND finished_at < 'infinity'
  ORDER BY finished_at, id
  LIMIT $3`), now, Interval(within), limit)
 	if err != nil {

@@ -61,13 +61,22 @@ func (r StallRule) args() pgx.NamedArgs {
 // however stale the statistics (an analyzed-while-empty partial index
 // looks free to the planner). A statement that wants that index, the
 // lost-task search, names j.status = 'PROCESSING' itself.
+//
+// A started_at or updated_at of 'infinity' or '-infinity' (which other SQL
+// can write) has no runtime or idle time: PostgreSQL refuses to subtract
+// it ("cannot subtract infinite timestamps"), and one such row would fail
+// every statement that meets it. The CASE, whose branches PostgreSQL
+// evaluates in order (AND may be evaluated in any order), makes such a row
+// not stalled (NULL); reaper.Decide skips it as bad_row.
 const StallPredicate = `
       j.status COLLATE "C" = 'PROCESSING'
   AND j.started_at IS NOT NULL
   AND coalesce(t.stall_timeout, @default_stall) >= @min_stall
   AND coalesce(t.hard_timeout, @default_hard) > t.max_runtime + coalesce(t.stall_timeout, @default_stall)
-  AND now() - j.started_at > t.max_runtime
-  AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)`
+  AND CASE WHEN isfinite(j.started_at) AND isfinite(j.updated_at)
+           THEN now() - j.started_at > t.max_runtime
+            AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)
+      END`
 
 // ReapParams names the job to reap and the state it was read in.
 type ReapParams struct {

@@ -50,7 +50,7 @@ const reapedSQL = `
 SELECT id, generation, finished_at, marker_set_at IS NOT NULL
   FROM {schema}.jobs
  WHERE status = 'FAILED' AND failure_reason IN ('stalled', 'lost_task', 'cancelled')
-   AND finished_at > @now::timestamptz - @within::interval
+   AND finished_at > @now::timestamptz - @within::interval AND finished_at < 'infinity'
    AND (finished_at, id) > (@after_at::timestamptz, @after_id::text)
  ORDER BY finished_at, id
  LIMIT @limit`
@@ -60,7 +60,7 @@ const reapedCountSQL = `
 SELECT count(*)
   FROM {schema}.jobs
  WHERE status = 'FAILED' AND failure_reason IN ('stalled', 'lost_task', 'cancelled')
-   AND finished_at > @now::timestamptz - @within::interval
+   AND finished_at > @now::timestamptz - @within::interval AND finished_at < 'infinity'
    AND (finished_at, id) > (@after_at::timestamptz, @after_id::text)`
 
 func (p ReapedParams) args() pgx.NamedArgs {

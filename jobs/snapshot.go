@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,16 @@ type Snapshot struct {
 	FailureReason string
 	// Limits is nil when no job_types row has the job's type.
 	Limits *Limits
+	// Unreadable is "" for a row read whole; otherwise it says which value
+	// of the row Go cannot represent (a started_at or updated_at of
+	// 'infinity' or '-infinity', which a product's own SQL can write). Such
+	// a row has no runtime or idle time to judge: the reaper skips it as
+	// bad_row instead of failing the whole batch it was read with, and the
+	// time fields it names are zero.
+	Unreadable string
+	// updatedKey is updated_at as read, infinite values included: the
+	// keyset position of the row in (updated_at, id) pages.
+	updatedKey pgtype.Timestamptz
 }
 
 // Limits is a job_types row.
@@ -153,13 +164,25 @@ func scanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 		known, auto           bool
 		maxRun, stall, hardTO pgtype.Interval
 	)
+	// The timestamps are scanned into pgtype.Timestamptz, which holds
+	// 'infinity': scanning it into a time.Time fails, and pgx then ends
+	// the whole result, so one odd row would stop the reaps of its batch.
 	err := row.Scan(&sn.ID, &sn.Type, &sn.Status, &sn.Generation, &sn.Worker, &sn.Queue,
-		&sn.ParentID, &started, &sn.UpdatedAt, &sn.FailureReason,
+		&sn.ParentID, &started, &sn.updatedKey, &sn.FailureReason,
 		&known, &maxRun, &stall, &hardTO, &auto, &sn.FirstGeneration)
 	if err != nil {
 		return sn, err
 	}
-	if started.Valid {
+	if sn.updatedKey.InfinityModifier == pgtype.Finite {
+		sn.UpdatedAt = sn.updatedKey.Time
+	} else {
+		sn.Unreadable = "updated_at is " + sn.updatedKey.InfinityModifier.String()
+	}
+	switch {
+	case !started.Valid:
+	case started.InfinityModifier != pgtype.Finite:
+		sn.Unreadable = strings.TrimPrefix(sn.Unreadable+"; ", "; ") + "started_at is " + started.InfinityModifier.String()
+	default:
 		t := started.Time
 		sn.StartedAt = &t
 	}

@@ -44,7 +44,7 @@ const staleQueuedSQL = `
 SELECT id, coalesce(queue, @default_queue), updated_at
   FROM {schema}.jobs
  WHERE status = 'QUEUED'
-   AND updated_at < now() - @older::interval
+   AND updated_at < now() - @older::interval AND updated_at > '-infinity'
    AND (updated_at, id) > (@after_updated_at::timestamptz, @after_id::text)
    AND (cardinality(@queues::text[]) = 0 OR coalesce(queue, @default_queue) = ANY(@queues::text[]))
  ORDER BY updated_at, id

@@ -17,6 +17,11 @@ const (
 	SkipNoRow SkipReason = "no_row"
 	// SkipNotProcessing: the row is QUEUED, COMPLETED or FAILED.
 	SkipNotProcessing SkipReason = "not_processing"
+	// SkipBadRow: the row is PROCESSING but holds a value the rule cannot
+	// be applied to (jobs.Snapshot.Unreadable: a started_at or updated_at
+	// of 'infinity' or '-infinity' written by other SQL). It is counted and
+	// logged, never reaped, and never stops the rows read with it.
+	SkipBadRow SkipReason = "bad_row"
 	// SkipNoStartTime: the row is PROCESSING but started_at is NULL (it was
 	// never claimed through the start guard), so its runtime is unknown.
 	SkipNoStartTime SkipReason = "no_start_time"
@@ -57,8 +62,9 @@ type Verdict struct {
 	// MaxRuntime and StallTimeout are the limits applied (StallTimeout is the
 	// type's, or the daemon default when the type's is NULL).
 	MaxRuntime, StallTimeout time.Duration
-	// Why says which rule a SkipBadLimits verdict broke, for the warning an
-	// operator acts on; "" otherwise.
+	// Why says which rule a SkipBadLimits verdict broke, or which value a
+	// SkipBadRow row holds, for the warning an operator acts on; ""
+	// otherwise.
 	Why string
 }
 
@@ -77,6 +83,8 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 		return Verdict{Skip: SkipNoRow}
 	case snap.Status != jobs.StatusProcessing:
 		return Verdict{Skip: SkipNotProcessing}
+	case snap.Unreadable != "":
+		return Verdict{Skip: SkipBadRow, Why: snap.Unreadable}
 	case snap.StartedAt == nil:
 		return Verdict{Skip: SkipNoStartTime, Idle: now.Sub(snap.UpdatedAt)}
 	case snap.Limits == nil:

@@ -49,6 +49,10 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 		// The SQL used the same rule; Decide states it once more on this
 		// pass's clock reading, so a job is never reaped on one side alone.
 		if v := Decide(&snap, now, r.opts.Rule); !v.Reap {
+			if v.Skip == SkipBadRow { // the SQL cannot see it: count it here
+				res.skip(v.Skip, 1)
+				r.logSkip(snap.ID, &snap, v, false)
+			}
 			continue
 		}
 		status, err := r.lister.TaskStatus(ctx, snap.Queue, snap.ID)

@@ -98,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
 		m.reaped.WithLabelValues(reason)
 	}
-	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
+	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipBadRow, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound} {
 		m.skipped.WithLabelValues(string(reason))
 	}

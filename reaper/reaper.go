@@ -252,6 +252,9 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) 
 			"reason", v.Skip, "rule", v.Why, "max_runtime", v.MaxRuntime, "stall_timeout", v.StallTimeout)
 	case SkipUnknownType:
 		r.log.Warn("job skipped: no job_types row for its type; insert one", "job_id", id, "type", snap.Type, "reason", v.Skip)
+	case SkipBadRow:
+		r.log.Warn("job skipped: its row holds a value the stall rule cannot be applied to; fix the row", "job_id", jobs.QuoteID(id),
+			"type", snap.Type, "reason", v.Skip, "value", v.Why)
 	case SkipNoStartTime:
 		r.log.Warn("job skipped: PROCESSING without started_at (not claimed through the start guard)", "job_id", id,
 			"type", snap.Type, "reason", v.Skip)
