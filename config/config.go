@@ -88,6 +88,14 @@ const (
 	// slice per pass, whatever their number: a marker lost to a failover or
 	// an eviction is back within an hour.
 	MarkerCheckWindowDefault = time.Hour
+	// MaxLostPerPassDefault is the most jobs one cycle over the lost-task
+	// candidates may reap as lost_task. A cycle that would reap more reaps
+	// none: that many tasks vanishing at once means Redis lost its data
+	// (flushed, restarted without persistence, restored from an old
+	// snapshot) rather than that that many workers died on a last attempt.
+	// 0 (set in the file, the environment or --max-lost-per-pass 0) means
+	// no limit; WithDefaults reads a zero as unset.
+	MaxLostPerPassDefault = 100
 )
 
 // Config is everything the jobreaper daemon and its commands are configured
@@ -139,6 +147,9 @@ type Config struct {
 	// MarkerCheckWindow is the time within which the daemon re-asserts the
 	// marker of every job reaped in the last 7 days; at least Interval.
 	MarkerCheckWindow time.Duration `yaml:"marker_check_window" koanf:"marker_check_window"`
+	// MaxLostPerPass is the most jobs one cycle over the lost-task
+	// candidates may reap as lost_task; 0 means no limit.
+	MaxLostPerPass int `yaml:"max_lost_per_pass" koanf:"max_lost_per_pass"`
 	// Cascades are each job type's on_failed and on_completed statements.
 	// They are read from the config file only (SQL does not belong in a
 	// flag or an environment variable).
@@ -165,6 +176,7 @@ func (c Config) WithDefaults() Config {
 	c.StaleQueuedAfter = cmp.Or(c.StaleQueuedAfter, StaleQueuedAfterDefault)
 	c.StaleQueuedLookupsPerPass = cmp.Or(c.StaleQueuedLookupsPerPass, StaleQueuedLookupsPerPassDefault)
 	c.MarkerCheckWindow = cmp.Or(c.MarkerCheckWindow, MarkerCheckWindowDefault)
+	c.MaxLostPerPass = cmp.Or(c.MaxLostPerPass, MaxLostPerPassDefault)
 	return c
 }
 

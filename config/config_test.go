@@ -86,6 +86,7 @@ func TestWithDefaults(t *testing.T) {
 			StaleQueuedAfter:          time.Hour,
 			StaleQueuedLookupsPerPass: 1000,
 			MarkerCheckWindow:         time.Hour,
+			MaxLostPerPass:            100,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)

@@ -49,6 +49,7 @@ var settings = []setting{
 	{key: "op_timeout", usage: "timeout of each single PostgreSQL or Redis operation (Go duration)"},
 	{key: "stale_queued_after", usage: "how long a job may stay QUEUED before it is reported as stale when asynq will never run its task (Go duration)"},
 	{key: "marker_check_window", usage: "time within which the daemon re-asserts the marker of every job reaped in the last 7 days, a slice per pass; at least interval (Go duration)"},
+	{key: "max_lost_per_pass", usage: "most jobs one cycle over the lost-task candidates may reap as lost_task; a cycle that would reap more reaps none (Redis lost its data?); 0 means no limit (jobs)"},
 	{key: "stale_queued_lookups_per_pass", usage: "most QUEUED rows one daemon pass looks up in asynq, at least 1 (rows)"},
 }
 

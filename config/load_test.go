@@ -108,7 +108,7 @@ queues: [file-a, file-b]
 			"JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
 			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
 			"JOBREAPER_STALE_QUEUED_AFTER=2h", "JOBREAPER_STALE_QUEUED_LOOKUPS_PER_PASS=50",
-			"JOBREAPER_MARKER_CHECK_WINDOW=3h",
+			"JOBREAPER_MARKER_CHECK_WINDOW=3h", "JOBREAPER_MAX_LOST_PER_PASS=0",
 		}
 		got, err := Load(Sources{Environ: env})
 		if err != nil {
@@ -119,7 +119,7 @@ queues: [file-a, file-b]
 			Queues: []string{"a", "b"}, Interval: 2 * time.Minute, StallTimeout: 20 * time.Minute,
 			HeartbeatInterval: 4 * time.Minute, PageSize: 2000, Lister: "inspector",
 			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
-			StaleQueuedAfter: 2 * time.Hour, StaleQueuedLookupsPerPass: 50, MarkerCheckWindow: 3 * time.Hour,
+			StaleQueuedAfter: 2 * time.Hour, StaleQueuedLookupsPerPass: 50, MarkerCheckWindow: 3 * time.Hour, MaxLostPerPass: 0,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("\n got %+v\nwant %+v", got, want)

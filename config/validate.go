@@ -70,6 +70,9 @@ func (c Config) Validate() error {
 	v.positive("heartbeat_interval", c.HeartbeatInterval)
 	v.positive("op_timeout", c.OpTimeout)
 	v.positive("stale_queued_after", c.StaleQueuedAfter)
+	if c.MaxLostPerPass < 0 {
+		v.addf("max_lost_per_pass", "max_lost_per_pass %d is negative: use 0 for no limit or a positive number of jobs", c.MaxLostPerPass)
+	}
 	if c.Interval > 0 && c.MarkerCheckWindow < c.Interval {
 		v.add(&FieldError{Key: "marker_check_window", Related: []string{"interval"},
 			Msg: fmt.Sprintf("marker_check_window %s is below interval %s: the window is covered a slice per pass, so it needs at least one pass", c.MarkerCheckWindow, c.Interval)})

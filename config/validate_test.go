@@ -53,6 +53,8 @@ func TestValidate(t *testing.T) {
 			[]string{"op_timeout 0s must be positive"}},
 		{"RefusesNegativeStartJitter", func(c *Config) { c.StartJitter = -time.Second }, "start_jitter",
 			[]string{"start_jitter -1s is negative"}},
+		{"RefusesNegativeMaxLostPerPass", func(c *Config) { c.MaxLostPerPass = -1 }, "max_lost_per_pass",
+			[]string{"max_lost_per_pass -1 is negative"}},
 		{"RefusesMarkerCheckWindowBelowInterval", func(c *Config) { c.MarkerCheckWindow = 30 * time.Second }, "marker_check_window",
 			[]string{"marker_check_window 30s is below interval 1m0s"}},
 		{"RefusesStaleQueuedLookupsBelowOne", func(c *Config) { c.StaleQueuedLookupsPerPass = 0 }, "stale_queued_lookups_per_pass",

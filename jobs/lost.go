@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -47,11 +48,23 @@ type LostCandidatesParams struct {
 	Rule   StallRule
 	// Limit is the most rows returned (LostCandidatesLimitDefault when 0).
 	Limit int
+	// After is where the previous call stopped (zero: the start). The
+	// reaper keeps it across passes, so that rows it skips (awaiting a
+	// retry, held) never hide the candidates behind them.
+	After LostCursor
+}
+
+// LostCursor is a position in the (updated_at, id) order of lost-task
+// candidates; the zero value is the start.
+type LostCursor struct {
+	UpdatedAt time.Time
+	ID        string
 }
 
 // ListLostCandidates returns PROCESSING jobs of p.Queues that are stalled
 // by StallPredicate on the database clock and whose ID is not in p.Active,
-// least recently updated first, at most p.Limit. Their tasks are not
+// least recently updated first, after p.After, at most p.Limit: fewer
+// means the end of the candidates was reached. Their tasks are not
 // running: the caller must look each task up and reap only those asynq
 // will never run again. Rows whose task is active are skipped in Go, page
 // after page, so they never hide the rows behind them.
@@ -73,6 +86,9 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 	args["queues"], args["limit"] = p.Queues, limit
 	args["after_updated_at"] = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	args["after_id"] = ""
+	if !p.After.UpdatedAt.IsZero() {
+		args["after_updated_at"], args["after_id"] = p.After.UpdatedAt, p.After.ID
+	}
 	var out []Snapshot
 	for {
 		rows, _, err := pinnedQuery(ctx, s.db, s.q(lostCandidatesSQL), args)
@@ -97,4 +113,57 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 		last := page[len(page)-1]
 		args["after_updated_at"], args["after_id"] = last.updatedKey, last.ID
 	}
+}
+
+// processingQueuesSQL lists the distinct queues of PROCESSING rows by
+// walking the partial index jobs_processing_queue_idx (queue, updated_at)
+// one queue at a time (a loose index scan): its cost follows the number of
+// queues, not of rows.
+const processingQueuesSQL = `
+WITH RECURSIVE q(queue) AS (
+    (SELECT queue FROM {schema}.jobs WHERE status = 'PROCESSING' AND queue IS NOT NULL ORDER BY queue LIMIT 1)
+  UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.jobs j
+             WHERE j.status = 'PROCESSING' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+      FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL`
+
+// ProcessingQueues returns the distinct queues named by PROCESSING rows,
+// sorted: the queues the lost-task search must cover even when asynq no
+// longer lists them (its data was lost). It returns a wrapped driver error
+// when PostgreSQL fails.
+func (s *Store) ProcessingQueues(ctx context.Context) ([]string, error) {
+	ctx, done := s.op(ctx, "ProcessingQueues")
+	rows, err := s.db.Query(ctx, s.q(processingQueuesSQL))
+	if err != nil {
+		return nil, done(err)
+	}
+	qs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return qs, done(err)
+}
+
+// noQueueSQL reads the stalled PROCESSING rows that have no queue, through
+// jobs_processing_queue_idx (queue IS NULL).
+const noQueueSQL = `SELECT j.id
+  FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type
+ WHERE j.status = 'PROCESSING' AND j.queue IS NULL
+   AND ` + StallPredicate + `
+ ORDER BY j.id
+ LIMIT @limit`
+
+// StalledWithoutQueue returns the IDs of at most limit PROCESSING rows
+// stalled by StallPredicate that have no queue: their task cannot be
+// looked up, so they are never reconciled, only counted. It returns a
+// wrapped driver error when PostgreSQL fails.
+func (s *Store) StalledWithoutQueue(ctx context.Context, rule StallRule, limit int) ([]string, error) {
+	ctx, done := s.op(ctx, "StalledWithoutQueue")
+	args := rule.args()
+	args["limit"] = limit
+	rows, err := s.db.Query(ctx, s.q(noQueueSQL), args)
+	if err != nil {
+		return nil, done(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return ids, done(err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jobreaper/jobreaper/jobs"
@@ -16,67 +17,285 @@ import (
 const SkipAwaitingRetry SkipReason = "awaiting_retry"
 
 // SkipQueueNotFound: a stalled PROCESSING job whose task is not active and
-// whose queue asynq does not know at all, so whether asynq will run the
-// task cannot be told; the job is not reaped on a guess.
+// whose queue asynq does not know at all. Since the live-server guard, no
+// pass counts it any more: such a job is reaped as lost_task when a live
+// asynq server serves its queue, and held (SkipLostHeld) otherwise. The
+// reason stays defined so that its metric series does not disappear.
 const SkipQueueNotFound SkipReason = "queue_not_found"
+
+// SkipLostHeld: a stalled PROCESSING job whose task asynq does not have
+// (archived, completed, gone, or its queue unknown) while no live asynq
+// server serves its queue in the Redis the daemon reads. A wrong Redis
+// address or database looks exactly like that, so the job is held, never
+// reaped, until a live server serves the queue.
+const SkipLostHeld SkipReason = "lost_held"
+
+// SkipNoQueue: a stalled PROCESSING job without a queue: its task cannot
+// be looked up, so it is never reconciled, only counted.
+const SkipNoQueue SkipReason = "no_queue"
+
+// noQueueCountMax bounds how many rows without a queue one pass counts.
+const noQueueCountMax = 10000
+
+// AsynqState is what the lost-task search and the stale QUEUED report
+// read from asynq: many task lookups at once, and the queues live servers
+// serve; *queue.StatusReader satisfies it.
+type AsynqState interface {
+	TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error)
+	LiveQueues(ctx context.Context) (map[string]bool, error)
+}
+
+// lostState carries the lost-task search across passes: the keyset cursor
+// over the candidates, and, when a mass-loss limit is set, the lost jobs
+// found so far in the cycle (reaped together at its end, or not at all).
+type lostState struct {
+	mu     sync.Mutex
+	cursor jobs.LostCursor
+	found  []jobs.Snapshot
+	// over: the cycle found more than the limit (found stops growing).
+	over bool
+}
 
 // reapLost finds lost tasks: PROCESSING jobs of the queues listed
 // completely this pass that are stalled by the same rule, whose task is not
-// among the active ones, and that asynq will never run again (archived,
-// completed or gone, as when a worker is killed on its task's last attempt,
-// or its handler is cancelled on the last attempt).
-// Each is looked up in asynq, and those asynq will never run again are
-// reaped with failure_reason lost_task by the same set-based
-// compare-and-set as the active ones; jobs whose task still waits are skipped as
-// awaiting_retry, jobs whose task became active meanwhile are left to the
-// next pass. Rows without a queue are never considered.
+// among the active ones and that asynq will never run again (archived,
+// completed, gone, or its queue forgotten), as when a worker is killed on
+// its task's last attempt or Redis lost its data.
+//
+// Candidates are visited by the keyset (updated_at, id), one page
+// (jobs.LostCandidatesLimitDefault rows) per daemon pass, the cursor kept
+// across passes so that rows skipped as awaiting_retry or lost_held can
+// never hide the ones behind them; with Options.Once every page is
+// visited. Their tasks are looked up in one pipeline per page. A lost job
+// is reaped with failure_reason lost_task by the set-based compare-and-set
+// only while a live asynq server serves its queue (else it is held,
+// lost_held, with a warning naming the likely causes), and, with
+// Options.MaxLostPerPass set, only when the whole cycle over the candidates
+// finds no more than that many: otherwise none is reaped that cycle (see
+// endCycle). Rows without a queue are never considered; they are counted
+// as no_queue.
 func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time.Time, res *Result) {
-	if len(listed) == 0 || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return
 	}
-	candidates, err := r.store.ListLostCandidates(ctx, jobs.LostCandidatesParams{
-		Queues: listed, Active: active, Rule: r.opts.Rule,
-	})
-	if err != nil {
-		r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
+	r.countNoQueue(ctx, active, res)
+	if len(listed) == 0 {
 		return
 	}
-	var lost []jobs.Snapshot
-	for _, snap := range candidates {
-		if ctx.Err() != nil {
+	state := r.asynqState()
+	live := liveOnce(ctx, state)
+	st := &r.lost
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	held := map[string][]string{}
+	defer r.warnHeld(held)
+	for ctx.Err() == nil {
+		cands, err := r.store.ListLostCandidates(ctx, jobs.LostCandidatesParams{
+			Queues: listed, Active: active, Rule: r.opts.Rule, Limit: jobs.LostCandidatesLimitDefault, After: st.cursor,
+		})
+		if err != nil {
+			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
 			return
 		}
+		lost, ok := r.judgeLost(ctx, state, cands, live, now, held, res)
+		if !ok {
+			return
+		}
+		if len(cands) > 0 {
+			last := cands[len(cands)-1]
+			st.cursor = jobs.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+		}
+		if r.opts.MaxLostPerPass <= 0 {
+			r.reapSet(ctx, sortedByID(lost), jobs.ReasonLostTask, res)
+		} else if !st.over {
+			st.found = append(st.found, lost...)
+			if len(st.found) > r.opts.MaxLostPerPass {
+				st.over, st.found = true, nil
+			}
+		}
+		if len(cands) < jobs.LostCandidatesLimitDefault {
+			r.endCycle(ctx, state, now, res)
+			return
+		}
+		if !r.opts.Once {
+			return // the next pass goes on from the cursor
+		}
+	}
+}
+
+// judgeLost looks the tasks of cands up and returns the lost ones that a
+// live server's queue allows to reap; the others are counted as skipped
+// (awaiting_retry) or held (lost_held, collected by queue in held). It
+// returns false when the lookup failed (an error of the pass).
+func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live func() (map[string]bool, error),
+	now time.Time, held map[string][]string, res *Result) ([]jobs.Snapshot, bool) {
+	var judged []jobs.Snapshot
+	for _, snap := range cands {
 		// The SQL used the same rule; Decide states it once more on this
 		// pass's clock reading, so a job is never reaped on one side alone.
-		if v := Decide(&snap, now, r.opts.Rule); !v.Reap {
+		v := Decide(&snap, now, r.opts.Rule)
+		if !v.Reap {
 			if v.Skip == SkipBadRow { // the SQL cannot see it: count it here
 				res.skip(v.Skip, 1)
 				r.logSkip(snap.ID, &snap, v, false)
 			}
 			continue
 		}
-		status, err := r.lister.TaskStatus(ctx, snap.Queue, snap.ID)
-		if err != nil {
-			r.failed(ctx, res, stageList, "looking up a task failed; its job is left alone this pass", "job_id", snap.ID, "queue", snap.Queue, "err", err)
-			continue
-		}
-		if status == queue.TaskActive {
+		judged = append(judged, snap)
+	}
+	if len(judged) == 0 {
+		return nil, true
+	}
+	refs := make([]queue.TaskRef, len(judged))
+	for i, sn := range judged {
+		refs[i] = queue.TaskRef{Queue: sn.Queue, ID: sn.ID}
+	}
+	statuses, err := state.TaskStatuses(ctx, refs)
+	if err != nil {
+		r.failed(ctx, res, stageList, "looking up the tasks of stalled jobs failed; they are left alone this pass", "jobs", len(refs), "err", err)
+		return nil, false
+	}
+	var lost []jobs.Snapshot
+	for i, snap := range judged {
+		st := statuses[i]
+		if st == queue.TaskActive {
 			continue // started since the listing: the next pass judges it
 		}
-		if status == queue.TaskQueueNotFound {
-			res.skip(SkipQueueNotFound, 1)
-			r.log.Warn("stalled job's queue is unknown to asynq; not reaped on a guess (another Redis database? a name only the row uses?)",
-				"job_id", snap.ID, "queue", snap.Queue)
-			continue
-		}
-		if status.WillRun() {
+		if st.WillRun() && st != queue.TaskQueueNotFound {
 			res.skip(SkipAwaitingRetry, 1)
-			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", status)
+			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", st)
 			continue
 		}
-		r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", status)
-		lost = append(lost, snap)
+		servers, err := live()
+		if err != nil {
+			r.failed(ctx, res, stageList, "reading asynq's live servers failed; no lost task is judged this pass", "err", err)
+			return nil, false
+		}
+		switch {
+		case !servers[snap.Queue]:
+			res.skip(SkipLostHeld, 1)
+			held[snap.Queue] = append(held[snap.Queue], snap.ID)
+		default:
+			r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", st)
+			lost = append(lost, snap)
+		}
 	}
-	slices.SortFunc(lost, func(a, b jobs.Snapshot) int { return strings.Compare(a.ID, b.ID) })
-	r.reapSet(ctx, lost, jobs.ReasonLostTask, res)
+	return lost, true
+}
+
+// endCycle ends a cycle over the lost-task candidates: the cursor goes
+// back to the start and, with a mass-loss limit, the lost jobs found in
+// the cycle are reaped together, or, when they are more than the limit,
+// none is: an error naming the likely causes, Result.LostLimitTripped and
+// jobreaper_lost_limit_tripped_total. Before they are reaped their tasks
+// are looked up once more, so that one asynq was given back meanwhile is
+// left to run.
+func (r *Reaper) endCycle(ctx context.Context, state AsynqState, now time.Time, res *Result) {
+	st := &r.lost
+	found, over := st.found, st.over
+	st.cursor, st.found, st.over = jobs.LostCursor{}, nil, false
+	if r.opts.MaxLostPerPass <= 0 {
+		return
+	}
+	if over {
+		res.LostLimitTripped = true
+		r.opts.Metrics.lostLimitTrip()
+		r.failed(ctx, res, stageReap, "more stalled jobs than max_lost_per_pass would be reaped as lost_task in one cycle: none is reaped. "+
+			"Likely causes: Redis was flushed, restarted without persistence or restored from an old snapshot while workers kept running. "+
+			"Check asynq's data; once it is understood, run jobreaper run --once --max-lost-per-pass 0 to reap them",
+			"max_lost_per_pass", r.opts.MaxLostPerPass)
+		return
+	}
+	if len(found) == 0 {
+		return
+	}
+	lost, ok := r.judgeLost(ctx, state, found, liveOnce(ctx, state), now, map[string][]string{}, res)
+	if !ok {
+		return
+	}
+	r.reapSet(ctx, sortedByID(lost), jobs.ReasonLostTask, res)
+}
+
+// liveOnce returns a func that reads the queues live servers serve once,
+// on first need, and answers the same after.
+func liveOnce(ctx context.Context, state AsynqState) func() (map[string]bool, error) {
+	var (
+		done bool
+		live map[string]bool
+		err  error
+	)
+	return func() (map[string]bool, error) {
+		if !done {
+			done = true
+			live, err = state.LiveQueues(ctx)
+		}
+		return live, err
+	}
+}
+
+// warnHeld logs one warning per queue whose lost jobs were held this pass.
+func (r *Reaper) warnHeld(held map[string][]string) {
+	for q, ids := range held {
+		r.log.Warn("stalled jobs held: asynq does not have their tasks, but no live asynq server serves their queue in the Redis "+
+			"this daemon reads. Likely causes: a wrong Redis address or database (--redis-url), or no worker running for that queue. "+
+			"They are reaped as lost_task once a live server serves the queue",
+			"queue", q, "count", len(ids), "job_ids", brokenSample(ids))
+	}
+}
+
+// countNoQueue counts the stalled PROCESSING rows without a queue whose
+// task is not among the active ones: never reconciled, only counted.
+func (r *Reaper) countNoQueue(ctx context.Context, active []string, res *Result) {
+	ids, err := r.store.StalledWithoutQueue(ctx, r.opts.Rule, noQueueCountMax)
+	if err != nil {
+		r.failed(ctx, res, stageLoad, "counting stalled jobs without a queue failed", "err", err)
+		return
+	}
+	n := 0
+	for _, id := range ids {
+		if _, isActive := slices.BinarySearch(active, id); !isActive {
+			n++
+		}
+	}
+	if n > 0 {
+		res.skip(SkipNoQueue, n)
+		r.log.Warn("stalled jobs without a queue: their task cannot be looked up, so they are never reconciled; give every row its queue",
+			"count", n)
+	}
+}
+
+// asynqState returns Options.Asynq, or the lister when it can answer for
+// it.
+func (r *Reaper) asynqState() AsynqState {
+	if r.opts.Asynq != nil {
+		return r.opts.Asynq
+	}
+	if s, ok := r.lister.(AsynqState); ok {
+		return s
+	}
+	return lookupState{r.lister}
+}
+
+// lookupState answers for a reaper given no AsynqState: task states one
+// lookup at a time through the lister, and no live server known, so that
+// no lost task is ever reaped on a guess (each is held).
+type lookupState struct{ lister Lister }
+
+func (l lookupState) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error) {
+	out := make([]queue.TaskStatus, len(refs))
+	for i, ref := range refs {
+		st, err := l.lister.TaskStatus(ctx, ref.Queue, ref.ID)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = st
+	}
+	return out, nil
+}
+
+func (lookupState) LiveQueues(context.Context) (map[string]bool, error) { return nil, errNoAsynqState }
+
+func sortedByID(snaps []jobs.Snapshot) []jobs.Snapshot {
+	slices.SortFunc(snaps, func(a, b jobs.Snapshot) int { return strings.Compare(a.ID, b.ID) })
+	return snaps
 }

@@ -47,15 +47,16 @@ func TestReapLost(t *testing.T) {
 		})
 	}
 
-	t.Run("JobOfAQueueAsynqDoesNotKnowIsNotReapedOnAGuess", func(t *testing.T) {
+	t.Run("JobOfAQueueAsynqDoesNotKnowIsHeldWhileNoLiveServerServesIt", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{}
 		b.lister.statuses = map[string]queue.TaskStatus{"J1": queue.TaskQueueNotFound}
+		b.lister.dead = map[string]bool{"default": true}
 		res, err := b.reaper.RunOnce(ctx)
-		if err != nil || res.Reaped != 0 || res.Skipped["queue_not_found"] != 1 {
-			t.Fatalf("result = %+v, err = %v; want queue_not_found 1", res, err)
+		if err != nil || res.Reaped != 0 || res.Skipped["lost_held"] != 1 {
+			t.Fatalf("result = %+v, err = %v; want lost_held 1", res, err)
 		}
 		if row := b.db.Read(t, "J1"); row.Status != jobs.StatusProcessing {
 			t.Fatalf("J1 = %+v, want PROCESSING", row)

@@ -99,7 +99,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.reaped.WithLabelValues(reason)
 	}
 	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipBadRow, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
-		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound} {
+		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound,
+		SkipLostHeld, SkipNoQueue} {
 		m.skipped.WithLabelValues(string(reason))
 	}
 	for _, cause := range []string{causeWriteFailed, causeLost} {

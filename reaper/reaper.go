@@ -32,6 +32,9 @@ type Store interface {
 	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)
 	ListReaped(ctx context.Context, p jobs.ReapedParams) ([]jobs.Reaped, error)
 	CountReaped(ctx context.Context, p jobs.ReapedParams) (int, error)
+	ProcessingQueues(ctx context.Context) ([]string, error)
+	StalledWithoutQueue(ctx context.Context, rule jobs.StallRule, limit int) ([]string, error)
+	ListStaleQueued(ctx context.Context, p jobs.StaleQueuedParams) ([]jobs.StaleQueued, error)
 }
 
 // Lister lists active tasks and looks single tasks up;
@@ -85,6 +88,20 @@ type Options struct {
 	// 7 days is re-asserted, a slice per pass (default
 	// MarkerCheckWindowDefault).
 	MarkerCheckWindow time.Duration
+	// Asynq reads task states and live servers for the lost-task search
+	// and the stale QUEUED report (default: the lister, when it can).
+	Asynq AsynqState
+	// MaxLostPerPass is the most jobs one cycle over the lost-task
+	// candidates may reap as lost_task; a cycle that would reap more reaps
+	// none of them. 0: no limit.
+	MaxLostPerPass int
+	// StaleQueuedAfter is how long a job must have been QUEUED before it
+	// is reported as stale when asynq will never run its task (default
+	// StaleQueuedAfterDefault).
+	StaleQueuedAfter time.Duration
+	// StaleQueuedLookups bounds the old QUEUED rows one daemon pass looks
+	// up (default StaleQueuedLookupsDefault).
+	StaleQueuedLookups int
 	// Once makes every pass do all of its paced work at once: re-assert
 	// every marker, visit every lost-task candidate and every stale QUEUED
 	// row (run --once).
@@ -105,15 +122,25 @@ type Result struct {
 	// listed, a batch that could not be loaded, a reap or a marker write
 	// that failed. Each is tried again next pass.
 	Errors int `json:"errors"`
-	// ReapedBy counts reaped jobs by failure reason.
-	ReapedBy map[string]int `json:"-"`
+	// ReapedBy counts reaped jobs by failure reason: stalled, lost_task.
+	ReapedBy map[string]int `json:"reaped_by"`
+	// LostLimitTripped is true when the cycle over the lost-task
+	// candidates that ended this pass would have reaped more than
+	// MaxLostPerPass jobs, so it reaped none.
+	LostLimitTripped bool `json:"lost_limit_tripped"`
+	// StaleQueued counts QUEUED jobs older than StaleQueuedAfter whose
+	// task asynq will never run, among those this pass looked up.
+	StaleQueued int `json:"stale_queued"`
+	// BrokenActive counts entries of the active lists listed this pass
+	// whose task hash is gone (broken; never written to).
+	BrokenActive int `json:"broken_active"`
 	// MarkersRestored counts markers this pass wrote again: their write at
 	// the reap had failed, or they were lost since (failover, eviction).
 	MarkersRestored int `json:"markers_restored"`
 }
 
 func newResult() Result {
-	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{}}
+	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{jobs.ReasonStalled: 0, jobs.ReasonLostTask: 0}}
 }
 
 func (r *Result) skip(reason SkipReason, n int) {
@@ -132,6 +159,8 @@ type Reaper struct {
 
 	eviction evictionState
 	reassert reassertState
+	lost     lostState
+	stale    staleState
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -143,6 +172,8 @@ func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	opts.Interval = cmp.Or(opts.Interval, IntervalDefault)
 	opts.LoadBatch = cmp.Or(opts.LoadBatch, jobs.LoadBatchSize)
 	opts.MarkerCheckWindow = cmp.Or(opts.MarkerCheckWindow, MarkerCheckWindowDefault)
+	opts.StaleQueuedAfter = cmp.Or(opts.StaleQueuedAfter, StaleQueuedAfterDefault)
+	opts.StaleQueuedLookups = cmp.Or(opts.StaleQueuedLookups, StaleQueuedLookupsDefault)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -224,6 +255,14 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 			r.opts.Metrics.errorAt(stageQueues)
 			return res, fmt.Errorf("%w: listing asynq queues: %w", ErrPassFailed, err)
 		}
+		// And the queues PROCESSING rows name, which asynq may have
+		// forgotten (its data lost): their jobs must not stay PROCESSING
+		// unseen.
+		named, err := r.store.ProcessingQueues(ctx)
+		if err != nil {
+			r.failed(ctx, &res, stageLoad, "reading the queues of PROCESSING rows failed; only the queues asynq lists are scanned this pass", "err", err)
+		}
+		queues = union(queues, named)
 	}
 	// Markers whose write failed in an earlier pass (first, so that a
 	// write failing in this pass is not retried at once).
@@ -238,6 +277,8 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
 	r.reapLost(ctx, listed, ids, now, &res)
+	// QUEUED jobs asynq will never run: reported, never changed.
+	r.reportStaleQueued(ctx, &res)
 	return res, nil
 }
 
@@ -275,6 +316,8 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) 
 // sorted and without duplicates, and the queues that were listed
 // completely (a queue asynq never saw counts as listed and empty).
 func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (ids, listed []string) {
+	broken := map[string]int{}
+	defer func() { r.opts.Metrics.brokenActiveCounts(broken) }()
 	for _, q := range queues {
 		tasks, err := r.lister.ListActive(ctx, q)
 		if err != nil {
@@ -282,6 +325,8 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 			continue
 		}
 		listed = append(listed, q)
+		broken[q] = tasks.EmptyIDs
+		res.BrokenActive += tasks.EmptyIDs
 		if tasks.NotFound {
 			r.opts.Metrics.queueMissing(q)
 			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
@@ -293,7 +338,8 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 			if len(tasks.Broken) > 0 {
 				attrs = append(attrs, "task_ids", brokenSample(tasks.Broken))
 			}
-			r.log.Warn("active entries whose task hash is gone skipped", attrs...)
+			r.log.Warn("broken active entries: their task hash is gone, so asynq will never run or recover them; "+
+				"jobreaper does not write asynq's keys, and reaps their stalled jobs as lost_task", attrs...)
 			res.skip(SkipNoJobID, tasks.EmptyIDs)
 		}
 		ids = append(ids, r.dropBadIDs(q, tasks.IDs, res)...)
@@ -303,6 +349,17 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 	slices.Sort(ids)
 	return slices.Compact(ids), listed
 }
+
+// union returns the sorted union of a and b, each name once.
+func union(a, b []string) []string {
+	out := append(slices.Clone(a), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// errNoAsynqState: the Reaper was built without a way to read asynq's
+// task states and live servers.
+var errNoAsynqState = errors.New("no asynq state reader configured (Options.Asynq)")
 
 // brokenSampleMax bounds how many IDs of broken active entries one warning
 // names, so that a queue whose hashes were all lost logs one short line.

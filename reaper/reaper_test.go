@@ -26,7 +26,9 @@ type fakeLister struct {
 	failed map[string]error
 	// statuses answers TaskStatus by task ID; a missing ID is not found.
 	statuses map[string]queue.TaskStatus
-	calls    int
+	// dead names queues no live asynq server serves.
+	dead  map[string]bool
+	calls int
 }
 
 func (f *fakeLister) TaskStatus(_ context.Context, _, id string) (queue.TaskStatus, error) {
@@ -357,4 +359,25 @@ func equalCounts(got, want map[string]int) bool {
 		}
 	}
 	return true
+}
+
+// TaskStatuses answers from statuses, as TaskStatus does.
+func (f *fakeLister) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error) {
+	out := make([]queue.TaskStatus, len(refs))
+	for i, ref := range refs {
+		out[i], _ = f.TaskStatus(ctx, ref.Queue, ref.ID)
+	}
+	return out, nil
+}
+
+// LiveQueues says every queue the lister has is served by a live server,
+// unless dead names it.
+func (f *fakeLister) LiveQueues(context.Context) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	live := map[string]bool{}
+	for q := range f.queues {
+		live[q] = !f.dead[q]
+	}
+	return live, nil
 }

@@ -139,7 +139,11 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	var got struct {
 		Scanned, Reaped, Errors int
 		Skipped                 map[string]int
-		MarkersRestored         int `json:"markers_restored"`
+		MarkersRestored         int            `json:"markers_restored"`
+		ReapedBy                map[string]int `json:"reaped_by"`
+		StaleQueued             int            `json:"stale_queued"`
+		BrokenActive            int            `json:"broken_active"`
+		LostLimitTripped        bool           `json:"lost_limit_tripped"`
 	}
 	dec := json.NewDecoder(strings.NewReader(stdout.String()))
 	dec.DisallowUnknownFields()
@@ -236,7 +240,13 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 	client := asynq.NewClientFromRedisClient(rdb)
 	for _, id := range []string{lost, waiting} {
 		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
-		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("report.export", nil), id); err != nil {
+		// The waiting task is scheduled: it waits while a live worker
+		// serves the queue.
+		var opts []asynq.Option
+		if id == waiting {
+			opts = append(opts, asynq.ProcessIn(time.Hour))
+		}
+		if _, err := queue.Enqueue(ctx, client, store, asynq.NewTask("report.export", nil), id, opts...); err != nil {
 			t.Fatal(err)
 		}
 		// The attempt that was killed had claimed the job 31 minutes ago.
@@ -248,6 +258,10 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 	if err := inspector.ArchiveTask(q, lost); err != nil {
 		t.Fatal(err)
 	}
+	// A live worker serves the queue: the archived task is truly lost, not
+	// a sign of a wrong Redis.
+	w := startWorker(t, db, rdb, q, "w-live", func(context.Context, *asynq.Task) error { return nil })
+	t.Cleanup(w.srv.Shutdown)
 
 	var stdout, stderr bytes.Buffer
 	code := execute(ctx, []string{"run", "--once", "--output", "json",

@@ -43,7 +43,8 @@ then one every --interval, until SIGTERM or SIGINT. It serves /metrics and
 run --once runs one pass, prints what it did on stdout and exits 0 if the
 pass was clean, 1 if it counted errors, 2 if it could not run. With
 --output json, stdout is exactly one JSON document: the summary
-{"scanned":N,"reaped":N,"skipped":{...},"errors":N}, or, when the command
+{"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
+"markers_restored":N,"stale_queued":N,"broken_active":N,"lost_limit_tripped":false}, or, when the command
 could not run once its flags were read (exit 2), {"error":"<message>"} with
 the message also on stderr. --output applies to --once only.
 Logs always go to stderr.`,
@@ -152,6 +153,11 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
 
 		MarkerCheckWindow: cfg.MarkerCheckWindow,
+		MaxLostPerPass:    cfg.MaxLostPerPass,
+
+		StaleQueuedAfter:   cfg.StaleQueuedAfter,
+		StaleQueuedLookups: cfg.StaleQueuedLookupsPerPass,
+		Asynq:              queue.NewStatusReader(rdb, cfg.OpTimeout),
 	}
 	if jitter {
 		opts.StartJitter = cfg.StartJitter
@@ -194,6 +200,12 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 	if res.Skipped == nil {
 		res.Skipped = map[string]int{} // {} rather than null for scripts
 	}
+	if res.ReapedBy == nil {
+		res.ReapedBy = map[string]int{}
+	}
+	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
+		res.ReapedBy[reason] += 0 // both keys, always
+	}
 	if output == outputJSON {
 		return json.NewEncoder(w).Encode(res)
 	}
@@ -205,9 +217,24 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 	for _, n := range res.Skipped {
 		total += n
 	}
-	line := fmt.Sprintf("scanned %d active task(s): reaped %d, skipped %d", res.Scanned, res.Reaped, total)
+	line := fmt.Sprintf("scanned %d active task(s): reaped %d", res.Scanned, res.Reaped)
+	if res.Reaped > 0 {
+		line += fmt.Sprintf(" (stalled %d, lost_task %d)", res.ReapedBy[jobs.ReasonStalled], res.ReapedBy[jobs.ReasonLostTask])
+	}
+	line += fmt.Sprintf(", skipped %d", total)
 	if len(skipped) > 0 {
 		line += " (" + strings.Join(skipped, ", ") + ")"
+	}
+	for _, extra := range []struct {
+		name string
+		n    int
+	}{{"markers_restored", res.MarkersRestored}, {"stale_queued", res.StaleQueued}, {"broken_active", res.BrokenActive}} {
+		if extra.n > 0 {
+			line += fmt.Sprintf(", %s %d", extra.name, extra.n)
+		}
+	}
+	if res.LostLimitTripped {
+		line += ", lost_limit_tripped (no lost_task reaped: more than max_lost_per_pass; see the log)"
 	}
 	line += fmt.Sprintf(", errors %d", res.Errors)
 	if res.Errors > 0 {

@@ -47,8 +47,9 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if strings.Join(keys, ",") != "errors,markers_restored,reaped,scanned,skipped" {
-		t.Fatalf("keys %v, want errors, markers_restored, reaped, scanned, skipped", keys)
+	const want = "broken_active,errors,lost_limit_tripped,markers_restored,reaped,reaped_by,scanned,skipped,stale_queued"
+	if strings.Join(keys, ",") != want {
+		t.Fatalf("keys %v, want %s", keys, want)
 	}
 	return doc
 }
