@@ -150,6 +150,10 @@ type Config struct {
 	// MaxLostPerPass is the most jobs one cycle over the lost-task
 	// candidates may reap as lost_task; 0 means no limit.
 	MaxLostPerPass int `yaml:"max_lost_per_pass" koanf:"max_lost_per_pass"`
+	// RedisCAFile is a PEM file of the certificate authorities that sign
+	// the Redis server's certificate, for a rediss:// RedisURL; empty
+	// trusts the system's roots. It has no default.
+	RedisCAFile string `yaml:"redis_ca_file" koanf:"redis_ca_file"`
 	// Cascades are each job type's on_failed and on_completed statements.
 	// They are read from the config file only (SQL does not belong in a
 	// flag or an environment variable).

@@ -142,7 +142,7 @@ var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", 
 // RequeueKeys are the settings `jobreaper requeue` uses: PostgreSQL and
 // Redis, the queues and the age of --stale, and the log settings. Pass them
 // to Only so that a daemon-only setting cannot stop an operator's requeue.
-var RequeueKeys = []string{"database_url", "redis_url", "schema", "op_timeout", "log_level", "log_format",
+var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "schema", "op_timeout", "log_level", "log_format",
 	"queues", "stale_queued_after"}
 
 // Only returns err without the *FieldErrors about settings other than keys

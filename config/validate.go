@@ -59,6 +59,7 @@ func (c Config) Validate() error {
 	var v validator
 	v.databaseURL(c.DatabaseURL)
 	v.redisURL(c.RedisURL)
+	v.redisCAFile(c.RedisCAFile, c.RedisURL)
 	// The rule jobs.Connect applies, reported here with every other
 	// problem before anything connects.
 	if !jobs.ValidSchema(c.Schema) {
@@ -178,6 +179,14 @@ func suggestURL(raw, scheme, suffix, fallback string) string {
 		return scheme + raw + suffix
 	}
 	return fallback
+}
+
+// redisCAFile checks that a CA file goes with a rediss:// URL; the file
+// itself is read when the client is built, so that its error names it.
+func (v *validator) redisCAFile(file, rawURL string) {
+	if file != "" && !strings.HasPrefix(rawURL, "rediss://") {
+		v.addf("redis_ca_file", "redis_ca_file %s is set but redis_url is not rediss://: the CA file only applies to TLS", file)
+	}
 }
 
 func (v *validator) redisURL(raw string) {

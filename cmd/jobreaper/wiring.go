@@ -105,6 +105,9 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 		if !strings.HasPrefix(reason, "cannot connect to PostgreSQL") {
 			reason = "cannot connect to the PostgreSQL database: " + reason
 		}
+		if hint := tlsHint(err, "sslrootcert=<CA file> in --database-url"); hint != "" {
+			return nil, cannotRun("%s; %s", oneLine(reason), hint)
+		}
 		return nil, cannotRun("%s; check --database-url (JOBREAPER_DATABASE_URL) and that the server is up", oneLine(reason))
 	}
 	return pool, nil
@@ -145,6 +148,9 @@ func connectRedis(ctx context.Context, cfg config.Config) (*redis.Client, error)
 	if err != nil { // Validate parsed it already; kept for safety
 		return nil, cannotRun("redis_url %s is not a valid Redis URL; check --redis-url (JOBREAPER_REDIS_URL)", jobs.RedactURL(cfg.RedisURL))
 	}
+	if err := applyRedisCA(opts, cfg); err != nil {
+		return nil, err
+	}
 	opts.DialTimeout = cfg.OpTimeout
 	opts.ReadTimeout = cfg.OpTimeout
 	opts.WriteTimeout = cfg.OpTimeout
@@ -159,6 +165,9 @@ func connectRedis(ctx context.Context, cfg config.Config) (*redis.Client, error)
 		reason := err.Error()
 		if opts.Password != "" {
 			reason = strings.ReplaceAll(reason, opts.Password, "xxxxx")
+		}
+		if hint := tlsHint(err, "--redis-ca-file (JOBREAPER_REDIS_CA_FILE)"); hint != "" {
+			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", jobs.RedactURL(cfg.RedisURL), reason, hint)
 		}
 		return nil, cannotRun("cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
 			jobs.RedactURL(cfg.RedisURL), reason)
