@@ -43,3 +43,19 @@ func (r StallRule) Args() map[string]any { return r.args() }
 
 // Q exposes q: sql with {schema} rendered as the Store's schema.
 func (s *Store) Q(sql string) string { return s.q(sql) }
+
+// The worker's statements by ID whose plans TestWorkerPlansHoldOnStaleStatistics checks.
+const (
+	HeartbeatSQL      = heartbeatSQL
+	CompleteSQL       = completeSQL
+	CheckCompletedSQL = checkCompletedSQL
+	FailSQL           = failSQL
+	ClaimSQL          = claimSQL
+	ReleaseSQL        = releaseSQL
+	AutoCompleteSQL   = autoCompleteSQL
+	AutoStateSQL      = autoStateSQL
+	AdvanceLockSQL    = advanceLockSQL
+	MoveCursorSQL     = moveCursorSQL
+	SetTotalSQL       = setTotalSQL
+	RequeueSQL        = requeueSQL
+)

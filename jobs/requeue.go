@@ -24,11 +24,16 @@ const EventRequeued = "requeued"
 // a task whose marker holds the row's generation or a newer one. The cursor
 // stays, so the next attempt resumes where the last one stopped; updated_at
 // moves, so the job is not reported as stale QUEUED again at once.
+// The status is compared under COLLATE "C" (the same answer for these
+// ASCII words) so that the statement never matches the predicate of the
+// partial index jobs_failed_finished_idx: on stale statistics the planner
+// would read that index with the ID as a mere filter instead of the
+// primary key (see StallPredicate; TestWorkerPlansHoldOnStaleStatistics).
 const requeueSQL = `
 UPDATE {schema}.jobs
    SET status = 'QUEUED', generation = generation + 1, failure_reason = NULL, finished_at = NULL,
        marker_set_at = NULL, updated_at = now()
- WHERE id = @id AND status = @status AND generation = @generation AND status IN ('FAILED', 'QUEUED')
+ WHERE id = @id AND status COLLATE "C" = @status AND generation = @generation AND status COLLATE "C" IN ('FAILED', 'QUEUED')
 RETURNING generation`
 
 // RequeueParams names a job to requeue and the state it was read in.
