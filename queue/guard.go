@@ -68,11 +68,13 @@ type MarkerReader interface {
 // handler runs, refuses the task when its job was reaped or is terminal
 // and otherwise claims the job and hands the handler the lease.
 type Guard struct {
-	store   GuardStore
-	markers MarkerReader
-	worker  string
-	logger  *slog.Logger
-	metrics *guardMetrics
+	store GuardStore
+	// admitter is store's one-statement admission (admitterOf), or nil.
+	admitter Admitter
+	markers  MarkerReader
+	worker   string
+	logger   *slog.Logger
+	metrics  *guardMetrics
 	// taskID reads the task ID from the handler's context; tests replace
 	// it, since asynq offers no public way to build such a context.
 	taskID func(context.Context) (string, bool)
@@ -136,6 +138,7 @@ func NewGuard(store GuardStore, markers MarkerReader, opts ...GuardOption) *Guar
 		o(g)
 	}
 	g.logger = g.logger.With("component", "guard")
+	g.admitter = admitterOf(store)
 	return g
 }
 
@@ -170,6 +173,14 @@ func defaultWorker() string {
 //     wrapping jobs.ErrClaimLost and asynq.SkipRetry.
 //  5. Run the handler with the lease in its context (jobs.WithLease), then
 //     map its result through the outcome mapping.
+//
+// Over a *jobs.Store (see Admitter) steps 2 to 4 take one Redis and one
+// PostgreSQL round trip: the marker is read first, then jobs.Store.Admit
+// reads the row, applies the rules of steps 2 and 3 to the row as it
+// stands after any lock wait, and claims, all in one statement. The
+// answers are the same, in the same order (a missing, COMPLETED or FAILED
+// row is answered from the row even when the marker could not be read).
+// Another GuardStore is used through Get and Claim as listed.
 //
 // Fail closed: when the row or the marker cannot be read, or the claim
 // fails for another reason, the handler does not run and the error wraps
@@ -219,12 +230,13 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
 	}
 	log := g.logger.With("job_id", id)
+	if g.admitter != nil {
+		return g.admitOneTrip(ctx, log, id)
+	}
 
 	row, err := g.store.Get(ctx, id)
 	if errors.Is(err, jobs.ErrNotFound) {
-		g.count(decisionNoRow)
-		log.WarnContext(ctx, "task not started: no job row yet", "reason", "no_row")
-		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: no job row, will retry: %w", id, err)
+		return g.noRow(ctx, log, id, err)
 	}
 	if err != nil {
 		return g.unavailable(ctx, log, id, "reading the job row", err)
@@ -232,54 +244,30 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 	log = log.With("generation", row.Generation)
 	switch row.Status {
 	case jobs.StatusCompleted:
-		g.count(decisionAckedCompleted)
-		log.InfoContext(ctx, "task acknowledged without running: job already completed", "reason", "completed")
-		return jobs.Lease{}, false, nil
+		return g.ackCompleted(ctx, log)
 	case jobs.StatusFailed:
-		sentinel, decision, reason := ErrJobFailed, decisionRefusedFailed, "failed"
-		if row.FailureReason == jobs.ReasonStalled || row.FailureReason == jobs.ReasonLostTask {
-			sentinel, decision, reason = ErrJobReaped, decisionRefusedReaped, "reaped"
-		}
-		g.count(decision)
-		log.WarnContext(ctx, "task refused: job is FAILED", "reason", reason, "failure_reason", row.FailureReason)
-		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s generation %d is FAILED (%s): %w: %w",
-			id, row.Generation, row.FailureReason, sentinel, asynq.SkipRetry)
+		return g.refuseFailed(ctx, log, id, row.Generation, row.FailureReason)
 	}
 
 	marked, found, err := g.markers.Get(ctx, id)
 	if errors.Is(err, ErrBadMarker) {
-		// Someone else wrote the key. Retrying cannot fix it, so it is not
-		// "unavailable" (retried forever, uncounted): a counted failure
-		// that asynq retries with its backoff while the key is deleted,
-		// and archives once the task's retries are used up.
-		g.count(decisionBadMarker)
-		log.ErrorContext(ctx, "task not started: its marker key holds a value jobreaper never writes; delete the key",
-			"reason", "bad_marker", "key", MarkerKey(id), "err", err)
-		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s: %w", id, err)
+		return g.badMarker(ctx, log, id, err)
 	}
 	if err != nil {
 		return g.unavailable(ctx, log, id, "reading the marker", err)
 	}
 	if found && marked >= row.Generation {
-		g.count(decisionRefusedReaped)
-		log.WarnContext(ctx, "task refused: marker records a reap of this generation",
-			"reason", "marker", "marker_generation", marked)
-		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s generation %d: marker %s records generation %d: %w: %w",
-			id, row.Generation, MarkerKey(id), marked, ErrJobReaped, asynq.SkipRetry)
+		return g.refuseMarked(ctx, log, id, row.Generation, marked)
 	}
 
 	lease, err = g.store.Claim(ctx, id, row.Generation, g.worker)
 	if errors.Is(err, jobs.ErrClaimLost) {
-		g.count(decisionClaimLost)
-		log.WarnContext(ctx, "task refused: another attempt claimed the job first", "reason", "claim_lost")
-		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
+		return g.claimLost(ctx, log, err)
 	}
 	if err != nil {
 		return g.unavailable(ctx, log, id, "claiming the job", err)
 	}
-	g.count(decisionClaimed)
-	log.DebugContext(ctx, "job claimed", "lease_generation", lease.Generation, "worker", g.worker)
-	return lease, true, nil
+	return g.claimed(ctx, log, lease)
 }
 
 func (g *Guard) unavailable(ctx context.Context, log *slog.Logger, id, step string, err error) (jobs.Lease, bool, error) {
