@@ -74,14 +74,20 @@ func Names(key string) (flag, env string, ok bool) {
 }
 
 // RegisterFlags defines on fs one flag per setting, named after its YAML key
-// with dashes, showing the default in its help, plus --config. Load reads
-// only the flags the command line set, so a flag's default never overrides
-// the file or the environment.
-func RegisterFlags(fs *pflag.FlagSet) {
+// with dashes, showing the default in its help, plus --config. With keys,
+// the flags of the other settings are hidden: a command's --help lists
+// only what it uses, while a command line written for the daemon still
+// parses (its other settings are read and not checked, like the file's).
+// Load reads only the flags the command line set, so a flag's default
+// never overrides the file or the environment.
+func RegisterFlags(fs *pflag.FlagSet, keys ...string) {
 	def := reflect.ValueOf(Config{}.WithDefaults())
 	fs.String(FlagConfigFile, "", "YAML config file (also "+EnvConfigFile+"); see deploy/jobreaper.example.yaml")
 	for _, s := range settings {
 		name := flagName(s.key)
+		if len(keys) > 0 && !keyIn(s.key, keys) {
+			defer func() { _ = fs.MarkHidden(name) }()
+		}
 		v := fieldOf(def, s.key)
 		switch v.Interface().(type) {
 		case time.Duration:

@@ -145,6 +145,18 @@ var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", 
 var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "schema", "op_timeout", "log_level", "log_format",
 	"queues", "stale_queued_after"}
 
+// PruneKeys are the settings `jobreaper prune` uses: like migrate, it
+// contacts only PostgreSQL.
+var PruneKeys = MigrateKeys
+
+// InspectKeys are the settings `jobreaper inspect` uses: PostgreSQL for the
+// record, Redis for the marker and asynq's task state.
+var InspectKeys = []string{"database_url", "redis_url", "schema", "op_timeout", "log_level", "log_format"}
+
+// CancelKeys are the settings `jobreaper cancel` uses: inspect's, and the
+// cascades (a cancel runs the type's on_failed cascade).
+var CancelKeys = append(append([]string{}, InspectKeys...), "cascades")
+
 // Only returns err without the *FieldErrors about settings other than keys
 // (a cascade's problems count as cascades'). It keeps every error that is
 // not a *FieldError (an unreadable file) and every unknown key of the file,

@@ -28,7 +28,8 @@ var failureCodePattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
 // "upstream_timeout". Error text is refused: it varies per occurrence,
 // breaks grouping and metrics, and may carry URLs or secrets; it belongs in
 // the log. The reaper's codes, stalled and lost_task, are refused too: the
-// start guard and marker repair read them as a reap. The error wraps
+// start guard and marker repair read them as a reap; so is cancelled, which
+// only an operator's Cancel writes. The error wraps
 // ErrInvalidArgument and, for the same reason, does not quote a refused
 // error text.
 func CheckFailureCode(code string) error {
@@ -40,6 +41,9 @@ func CheckFailureCode(code string) error {
 	}
 	if code == ReasonStalled || code == ReasonLostTask {
 		return fmt.Errorf("failure code %s is reserved for the reaper (the guard and marker repair read it as a reap): %w", code, ErrInvalidArgument)
+	}
+	if code == ReasonCancelled {
+		return fmt.Errorf("failure code %s is reserved for an operator's jobreaper cancel (marker repair reads it as one): %w", code, ErrInvalidArgument)
 	}
 	return nil
 }

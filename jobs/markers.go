@@ -70,7 +70,7 @@ func (s *Store) markMarkersSet(ctx context.Context, refs []MarkerRef) error {
 }
 
 // ListMissingMarkers returns reaped jobs (failure_reason stalled or
-// lost_task) whose marker was never confirmed written and whose reap is
+// lost_task) and cancelled jobs (cancelled) whose marker was never confirmed written and whose reap is
 // less than within before now, oldest first, at most limit (0:
 // MarkerRepairLimitDefault). now must be a reading of the database clock
 // (the pass's), the clock finished_at was written by. It returns a wrapped
@@ -81,7 +81,7 @@ func (s *Store) ListMissingMarkers(ctx context.Context, now time.Time, within ti
 		limit = MarkerRepairLimitDefault
 	}
 	rows, err := s.db.Query(ctx, s.q(`SELECT id, generation, finished_at FROM {schema}.jobs
- WHERE status = 'FAILED' AND marker_set_at IS NULL AND failure_reason IN ('stalled', 'lost_task')
+ WHERE status = 'FAILED' AND marker_set_at IS NULL AND failure_reason IN ('stalled', 'lost_task', 'cancelled')
    AND finished_at > $1::timestamptz - $2::interval AND finished_at < 'infinity'
  ORDER BY finished_at, id
  LIMIT $3`), now, Interval(within), limit)

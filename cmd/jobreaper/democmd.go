@@ -45,6 +45,8 @@ could not start (what to install or start is printed).`,
 			return nil
 		},
 	}
+	cmd.Flags().String("database-url", "", "PostgreSQL URL to use (default: JOBREAPER_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)")
+	cmd.Flags().String("redis-url", "", "Redis URL to use (default: JOBREAPER_REDIS_URL, else 127.0.0.1:6379, else an in-process Redis)")
 	cmd.Flags().BoolVar(&verbose, "verbose", false, "also log the guard's, asynq's and the reaper's own lines to stderr")
 	return cmd
 }

@@ -7,6 +7,11 @@
 //	jobreaper migrate          create or update jobreaper's tables
 //	jobreaper run              run the reaper daemon and its metrics server
 //	jobreaper run --once       run one pass and print what it did
+//	jobreaper inspect ID       print one job's whole story
+//	jobreaper cancel --reason TEXT ID...
+//	                           fail QUEUED or PROCESSING jobs as cancelled
+//	jobreaper prune --older-than 30d
+//	                           delete old jobs' events and batch records
 //	jobreaper demo             show a hung job reaped and its late result refused
 //	jobreaper version          print the version and VCS revision
 //

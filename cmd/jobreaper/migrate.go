@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) migrateCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or update jobreaper's tables in --schema (idempotent; contacts only PostgreSQL)",
 		Long: `migrate creates the schema named by --schema if it is missing and applies every
@@ -67,4 +67,6 @@ since it may be a misspelt --schema.`,
 			return nil
 		},
 	}
+	config.RegisterFlags(cmd.Flags(), config.MigrateKeys...)
+	return cmd
 }

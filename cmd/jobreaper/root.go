@@ -10,8 +10,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-
-	"github.com/jobreaper/jobreaper/config"
 )
 
 // Exit codes, the same for every command.
@@ -66,7 +64,7 @@ type app struct {
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := &app{stdout: stdout, stderr: stderr, environ: os.Environ()}
 	root := a.rootCmd()
-	root.SetArgs(args)
+	root.SetArgs(hoistLeadingFlags(root, args))
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
@@ -104,18 +102,19 @@ Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
 		Args:          cobra.NoArgs,
 		Version:       version(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cannotRun("a command is required: migrate, run, requeue, demo or version; see jobreaper --help")
+			return cannotRun("a command is required: migrate, run, inspect, requeue, cancel, prune, demo or version; see jobreaper --help")
 		},
 	}
 	root.SetVersionTemplate("jobreaper {{.Version}}\n")
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return cannotRun("%s; see jobreaper --help", err)
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return cannotRun("%s; see %s --help", flagProblem(cmd, err), cmd.CommandPath())
 	})
-	config.RegisterFlags(root.PersistentFlags())
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.requeueCmd(), a.demoCmd(), a.versionCmd())
+	// Each command defines only the flags it uses, so that its --help
+	// lists those and an unknown one is caught and explained.
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.inspectCmd(), a.requeueCmd(), a.cancelCmd(), a.pruneCmd(), a.demoCmd(), a.versionCmd())
 	return root
 }
 

@@ -70,6 +70,7 @@ Logs always go to stderr.`,
 			return err
 		},
 	}
+	config.RegisterFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors, 2 could not run)")
 	cmd.Flags().StringVar(&output, "output", outputText,
 		`format of the --once summary on stdout: text or json (json: one document, {"error":"..."} when it could not run)`)

@@ -162,7 +162,7 @@ func TestRunOnce(t *testing.T) {
 		t.Parallel()
 		r := run(t, "run", "--once", "--no-such-flag")
 		requireExit(t, r, exitCannotRun)
-		requireOneLineError(t, r, "unknown flag: --no-such-flag", "jobreaper --help")
+		requireOneLineError(t, r, "unknown flag: --no-such-flag", "jobreaper run --help")
 	})
 
 	t.Run("MalformedDurationExits2NamingTheFlag", func(t *testing.T) {

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// Inspect shows at most this many of a job's batch records and events,
+// the most recent ones; the counts say how many there are in all.
+const (
+	inspectBatches = 5
+	inspectEvents  = 50
+)
+
+// taskStateUnknown is the asynq task state of a job whose row names no
+// queue: asynq cannot be asked without one.
+const taskStateUnknown = "unknown"
+
+// inspectDoc is the JSON form of `jobreaper inspect --output json`. Times
+// are the database's; durations are seconds.
+type inspectDoc struct {
+	JobID           string             `json:"job_id"`
+	Status          string             `json:"status"`
+	Type            string             `json:"type"`
+	Queue           string             `json:"queue"`
+	FailureReason   string             `json:"failure_reason"`
+	Generation      int64              `json:"generation"`
+	FirstGeneration int64              `json:"first_generation"`
+	Worker          string             `json:"worker"`
+	ParentID        string             `json:"parent_id"`
+	TenantID        string             `json:"tenant_id"`
+	Limits          *limitsDoc         `json:"limits"`
+	DBNow           time.Time          `json:"db_now"`
+	CreatedAt       time.Time          `json:"created_at"`
+	StartedAt       *time.Time         `json:"started_at"`
+	UpdatedAt       time.Time          `json:"updated_at"`
+	FinishedAt      *time.Time         `json:"finished_at"`
+	RuntimeSeconds  *float64           `json:"runtime_seconds"`
+	IdleSeconds     float64            `json:"idle_seconds"`
+	Cursor          int64              `json:"cursor"`
+	Total           *int64             `json:"total"`
+	Batches         batchesDoc         `json:"batches"`
+	EventCount      int64              `json:"event_count"`
+	Events          []jobs.EventRecord `json:"events"`
+	MarkerSetAt     *time.Time         `json:"marker_set_at"`
+	Marker          markerDoc          `json:"marker"`
+	TaskState       string             `json:"task_state"`
+}
+
+type limitsDoc struct {
+	MaxRuntimeSeconds float64 `json:"max_runtime_seconds"`
+	// StallTimeoutSeconds and HardTimeoutSeconds are null when the type
+	// leaves them to the daemon's default and 24 h.
+	StallTimeoutSeconds *float64 `json:"stall_timeout_seconds"`
+	HardTimeoutSeconds  *float64 `json:"hard_timeout_seconds"`
+	AutoComplete        bool     `json:"auto_complete"`
+}
+
+type batchesDoc struct {
+	Count int64              `json:"count"`
+	Last  []jobs.BatchRecord `json:"last"`
+}
+
+type markerDoc struct {
+	Present    bool     `json:"present"`
+	Generation *int64   `json:"generation"`
+	TTLSeconds *float64 `json:"ttl_seconds"`
+	// Error says why the marker could not be read; "" when it was.
+	Error string `json:"error,omitempty"`
+}
+
+func (a *app) inspectCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "inspect <job-id>",
+		Short: "Print one job's whole story: row, limits, runtime, batches, events, marker and asynq task state",
+		Long: `inspect prints a job's status, type, queue, limits, runtime and idle time on
+the database clock, generation, worker, cursor and total, its recorded
+batches (count and the last few), its event history (kind, time, generation,
+detail), its marker (present, generation, TTL) and its asynq task state
+(active, pending, scheduled, retry, archived, completed, not_found;
+unknown when the row has no queue). It changes nothing.
+
+With --output json stdout is one JSON document. An unknown job exits 1.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != outputText && output != outputJSON {
+				return cannotRun("--output %q is not a format: use text or json", output)
+			}
+			cfg, err := a.loadConfig(cmd, config.InspectKeys...)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, a.stderr)
+			d, err := connectOps(cmd.Context(), cfg, log, true, false)
+			if err != nil {
+				return err
+			}
+			defer d.close()
+			doc, err := a.inspect(cmd.Context(), d, cfg, args[0])
+			if err != nil {
+				return err
+			}
+			if output == outputJSON {
+				return json.NewEncoder(a.stdout).Encode(doc)
+			}
+			return printInspect(a.stdout, doc)
+		},
+	}
+	config.RegisterFlags(cmd.Flags(), config.InspectKeys...)
+	cmd.Flags().StringVar(&output, "output", outputText, "format on stdout: text or json")
+	return cmd
+}
+
+// inspect gathers job id's document from PostgreSQL, the marker store and
+// asynq. A marker or task state that cannot be read is shown as such; an
+// unknown job is an exit-1 error.
+func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id string) (inspectDoc, error) {
+	rec, err := d.store.Inspect(ctx, id, inspectBatches, inspectEvents)
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s not found in schema %q (check the ID and --schema)", jobs.QuoteID(id), cfg.Schema)}
+	case errors.Is(err, jobs.ErrInvalidArgument) || errors.Is(err, jobs.ErrBadID):
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s cannot exist: %v", jobs.QuoteID(id), err)}
+	case err != nil:
+		return inspectDoc{}, cannotRun("reading job %s: %s", jobs.QuoteID(id), oneLine(err.Error()))
+	}
+	doc := inspectDoc{
+		JobID: rec.ID, Status: rec.Status, Type: rec.Type, Queue: rec.Queue, FailureReason: rec.FailureReason,
+		Generation: rec.Generation, FirstGeneration: rec.FirstGeneration, Worker: rec.Worker, ParentID: rec.ParentID,
+		TenantID: rec.TenantID, DBNow: rec.DBNow, CreatedAt: rec.CreatedAt, StartedAt: rec.StartedAt,
+		UpdatedAt: rec.UpdatedAt, FinishedAt: rec.FinishedAt, IdleSeconds: rec.Idle.Seconds(),
+		Cursor: rec.Cursor, Total: rec.Total, Batches: batchesDoc{Count: rec.BatchCount, Last: rec.Batches},
+		EventCount: rec.EventCount, Events: rec.Events, MarkerSetAt: rec.MarkerSetAt,
+	}
+	if doc.Batches.Last == nil {
+		doc.Batches.Last = []jobs.BatchRecord{}
+	}
+	if doc.Events == nil {
+		doc.Events = []jobs.EventRecord{}
+	}
+	if rec.Runtime != nil {
+		s := rec.Runtime.Seconds()
+		doc.RuntimeSeconds = &s
+	}
+	if l := rec.Limits; l != nil {
+		doc.Limits = &limitsDoc{MaxRuntimeSeconds: l.MaxRuntime.Seconds(), StallTimeoutSeconds: seconds(l.StallTimeout),
+			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete}
+	}
+	if gen, found, err := d.markers.Get(ctx, id); err != nil {
+		doc.Marker.Error = oneLine(err.Error())
+	} else if found {
+		doc.Marker.Present, doc.Marker.Generation = true, &gen
+		if ttl, ok, err := d.markers.MarkerTTL(ctx, id); err == nil && ok {
+			s := ttl.Seconds()
+			doc.Marker.TTLSeconds = &s
+		}
+	}
+	doc.TaskState = taskStateUnknown
+	if rec.Queue != "" {
+		lookup, err := d.taskLookup(cfg)
+		if err != nil {
+			return doc, err
+		}
+		st, err := lookup.TaskStatus(ctx, rec.Queue, id)
+		switch {
+		case err != nil:
+			doc.TaskState = "error: " + oneLine(err.Error())
+		case st == queue.TaskQueueNotFound:
+			doc.TaskState = string(queue.TaskNotFound)
+		default:
+			doc.TaskState = string(st)
+		}
+	}
+	return doc, nil
+}
+
+func seconds(d *time.Duration) *float64 {
+	if d == nil {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
+}
+
+// printInspect writes doc for people, one fact a line.
+func printInspect(w io.Writer, doc inspectDoc) error {
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "%-15s %s\n", label+":", fmt.Sprintf(format, args...))
+	}
+	status := doc.Status
+	if doc.FailureReason != "" {
+		status += " (" + doc.FailureReason + ")"
+	}
+	line("job", "%s", jobs.QuoteID(doc.JobID))
+	line("status", "%s", status)
+	line("type", "%s", doc.Type)
+	line("queue", "%s", orNone(doc.Queue))
+	if l := doc.Limits; l != nil {
+		line("limits", "max_runtime %s, stall_timeout %s, hard_timeout %s, auto_complete %t",
+			dur(&l.MaxRuntimeSeconds, ""), dur(l.StallTimeoutSeconds, "daemon default"), dur(l.HardTimeoutSeconds, "24h default"), l.AutoComplete)
+	} else {
+		line("limits", "none: no job_types row for type %q (the reaper skips it as unknown_type)", doc.Type)
+	}
+	line("runtime", "%s (database clock %s)", dur(doc.RuntimeSeconds, "not started"), doc.DBNow.UTC().Format(time.RFC3339))
+	line("idle", "%s", dur(&doc.IdleSeconds, ""))
+	line("generation", "%d (this life started at %d)", doc.Generation, doc.FirstGeneration)
+	line("worker", "%s", orNone(doc.Worker))
+	total := "none"
+	if doc.Total != nil {
+		total = fmt.Sprint(*doc.Total)
+	}
+	line("progress", "cursor %d of total %s", doc.Cursor, total)
+	line("batches", "%d recorded", doc.Batches.Count)
+	for _, bt := range doc.Batches.Last {
+		fmt.Fprintf(&b, "  %s  token %s  generation %d  cursor %d -> %d\n", bt.At.UTC().Format(time.RFC3339), bt.Token, bt.Generation, bt.ExpectedCursor, bt.CursorAfter)
+	}
+	line("events", "%d recorded", doc.EventCount)
+	for _, ev := range doc.Events {
+		gen := "-"
+		if ev.Generation != nil {
+			gen = fmt.Sprint(*ev.Generation)
+		}
+		fmt.Fprintf(&b, "  %s  %-20s generation %s  %s\n", ev.At.UTC().Format(time.RFC3339), ev.Kind, gen, string(ev.Detail))
+	}
+	switch m := doc.Marker; {
+	case m.Error != "":
+		line("marker", "unreadable: %s", m.Error)
+	case m.Present:
+		line("marker", "present, generation %d, expires in %s", *m.Generation, dur(m.TTLSeconds, "never"))
+	default:
+		line("marker", "absent")
+	}
+	line("asynq task", "%s", doc.TaskState)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// dur formats seconds as a Go duration rounded to the second, or none
+// when nil.
+func dur(s *float64, none string) string {
+	if s == nil {
+		return none
+	}
+	return time.Duration(*s * float64(time.Second)).Round(time.Second).String()
+}

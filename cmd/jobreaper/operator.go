@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/user"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// opsDeps are what an operator command works with; close releases them.
+type opsDeps struct {
+	store   *jobs.Store
+	rdb     *redis.Client // nil for commands that use only PostgreSQL
+	markers *queue.MarkerStore
+	close   func()
+}
+
+// connectOps opens PostgreSQL (and Redis when withRedis) for an operator
+// command and checks the schema is migrated; with cascades, the config
+// file's cascades are checked and run by the Store. Every failure is an
+// exit-2 error naming the server and what to check.
+func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRedis, cascades bool) (*opsDeps, error) {
+	pool, err := connectPostgres(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireMigrated(ctx, pool, cfg); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	opts := []jobs.StoreOption{jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout)}
+	if cascades {
+		opts = append(opts, jobs.WithCascades(cfg.Cascades))
+	}
+	d := &opsDeps{store: jobs.NewStore(pool, opts...), close: pool.Close}
+	if cascades {
+		if err := d.store.PrepareCascades(ctx); err != nil {
+			pool.Close()
+			return nil, cannotRun("the cascades of the config file fail their start check against schema %q: %s; fix the statements named",
+				cfg.Schema, joinProblems(err))
+		}
+	}
+	if !withRedis {
+		return d, nil
+	}
+	rdb, err := connectRedis(ctx, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	d.rdb = rdb
+	d.close = func() {
+		closeWith(log.With("component", "main"), "Redis client", rdb.Close)
+		pool.Close()
+	}
+	if d.markers, err = queue.NewMarkerStore(rdb, queue.WithMarkerOpTimeout(cfg.OpTimeout)); err != nil {
+		d.close()
+		return nil, cannotRun("%v", err)
+	}
+	return d, nil
+}
+
+// taskLookup returns asynq's view of single tasks over d's Redis.
+func (d *opsDeps) taskLookup(cfg config.Config) (queue.TaskLookup, error) {
+	l, err := queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(d.rdb), queue.WithPageSize(cfg.PageSize))
+	if err != nil {
+		return nil, cannotRun("%v", err)
+	}
+	return l, nil
+}
+
+// operatorName says who runs an operator command, for its event:
+// user@host, or what is known of it.
+func operatorName() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		name += "@" + h
+	}
+	return name
+}
+
+func (a *app) cancelCmd() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel --reason TEXT <job-id>...",
+		Short: "Fail QUEUED or PROCESSING jobs as cancelled, with their cascade, marker and a cancel of the running handler",
+		Long: `cancel fails each named job that is QUEUED or PROCESSING with failure code
+cancelled, in one fenced transaction per job that also runs the type's
+on_failed cascade (from --config) and records a "cancelled" event carrying
+--reason. Then it sets the job's marker (so the start guard refuses its task;
+a marker that cannot be written is re-set by the daemon's marker repair) and,
+for a PROCESSING job, publishes asynq's cancel of its running handler. Every
+later write of the cancelled attempt (Complete, Advance, Heartbeat, Fail) is
+refused as job_terminal.
+
+A COMPLETED, FAILED or unknown job is refused with a message. Exit codes: 0
+every job was cancelled, 1 a job was refused or a follow-up (marker, cancel)
+failed, 2 could not run.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			if err := jobs.CheckOperatorReason(reason); err != nil {
+				return cannotRun("cancel needs --reason TEXT, recorded in each job's event: %v", strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
+			}
+			cfg, err := a.loadConfig(cmd, config.CancelKeys...)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, a.stderr)
+			d, err := connectOps(cmd.Context(), cfg, log, true, true)
+			if err != nil {
+				return err
+			}
+			defer d.close()
+			return a.cancelJobs(cmd.Context(), d, log.With("component", "cancel"), ids, reason, cfg.OpTimeout)
+		},
+	}
+	config.RegisterFlags(cmd.Flags(), config.CancelKeys...)
+	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are cancelled (required; recorded in each job's event)")
+	return cmd
+}
+
+// cancelJobs cancels each job of ids and prints one line per job.
+func (a *app) cancelJobs(ctx context.Context, d *opsDeps, log *slog.Logger, ids []string, reason string, opTimeout time.Duration) error {
+	canceller := queue.NewCanceller(d.rdb, opTimeout)
+	operator := operatorName()
+	failed := 0
+	for _, id := range ids {
+		res, err := d.store.Cancel(ctx, jobs.CancelParams{JobID: id, Reason: reason, Operator: operator})
+		switch {
+		case errors.Is(err, jobs.ErrNotFound):
+			fmt.Fprintf(a.stderr, "jobreaper: job %s not found; nothing cancelled (check the ID and --schema)\n", jobs.QuoteID(id))
+			failed++
+			continue
+		case errors.Is(err, jobs.ErrJobTerminal):
+			fmt.Fprintf(a.stderr, "jobreaper: refused: %s; nothing changed\n", strings.TrimPrefix(strings.TrimSuffix(err.Error(), ": "+jobs.ErrJobTerminal.Error()), "jobs.Cancel: "))
+			failed++
+			continue
+		case err != nil:
+			fmt.Fprintf(a.stderr, "jobreaper: cancelling job %s failed, nothing changed: %s\n", jobs.QuoteID(id), oneLine(err.Error()))
+			failed++
+			continue
+		}
+		log.Info("job cancelled", "job_id", id, "previous_status", res.PreviousStatus, "generation", res.Generation, "reason", reason)
+		notes := []string{}
+		// The marker makes the start guard refuse a delivery of the task;
+		// the FAILED row refuses it too while the marker is missing.
+		mctx := context.WithoutCancel(ctx)
+		if _, err := d.markers.Set(mctx, id, res.Generation, queue.MarkerTTL); err != nil {
+			notes = append(notes, "marker NOT written ("+oneLine(err.Error())+"; the daemon's marker repair re-sets it, and the FAILED row refuses the task meanwhile)")
+			failed++
+		} else {
+			if err := d.store.MarkMarkerSet(mctx, id, res.Generation); err != nil {
+				log.Warn("recording the marker failed; the daemon's marker repair writes it again", "job_id", id, "err", err)
+			}
+			notes = append(notes, "marker set")
+		}
+		if res.PreviousStatus == jobs.StatusProcessing {
+			if _, err := canceller.Cancel(mctx, []string{id}); err != nil {
+				notes = append(notes, "cancel of the running handler NOT sent ("+oneLine(err.Error())+")")
+				failed++
+			} else {
+				notes = append(notes, "cancel sent to its running handler")
+			}
+		}
+		fmt.Fprintf(a.stdout, "cancelled job %s (was %s, generation %d): %s\n", jobs.QuoteID(id), res.PreviousStatus, res.Generation, strings.Join(notes, ", "))
+	}
+	if failed > 0 {
+		return &exitError{code: exitPassErrors}
+	}
+	return nil
+}
+
+func (a *app) pruneCmd() *cobra.Command {
+	var (
+		olderThan string
+		dryRun    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "prune --older-than DURATION [--dry-run]",
+		Short: "Delete the events and batch records of jobs that finished before now - DURATION (at least 8 days)",
+		Long: `prune deletes the job_events and job_batches rows of jobs that finished
+(COMPLETED or FAILED) before the database's now() minus --older-than, in
+batches of at most 10,000 rows, and prints the counts. It never deletes jobs
+rows: they are the product's. --older-than takes Go durations plus a day
+suffix (8d, 720h, 10d12h) and must be at least 8 days: a reaped job's marker
+lives 7 days in Redis, and the job keeps its whole history while it may,
+with a day of margin. --dry-run prints the counts and deletes nothing.
+It contacts only PostgreSQL.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			age, err := parseAge(olderThan)
+			if err != nil {
+				return cannotRun("--older-than %q: %v", olderThan, err)
+			}
+			if age < jobs.PruneMinAge {
+				return &exitError{code: exitPassErrors, err: fmt.Errorf(
+					"refused: --older-than %s is less than 8 days; a reaped job's marker lives 7 days, and its history is kept for a day more; nothing deleted", olderThan)}
+			}
+			cfg, err := a.loadConfig(cmd, config.PruneKeys...)
+			if err != nil {
+				return err
+			}
+			log := newLogger(cfg, a.stderr)
+			d, err := connectOps(cmd.Context(), cfg, log, false, false)
+			if err != nil {
+				return err
+			}
+			defer d.close()
+			res, err := d.store.Prune(cmd.Context(), jobs.PruneParams{OlderThan: age, DryRun: dryRun})
+			verb := "deleted"
+			if dryRun {
+				verb = "would delete"
+			}
+			line := fmt.Sprintf("%s %d event(s) and %d batch record(s) of jobs finished before %s", verb, res.Events, res.Batches,
+				res.Cutoff.UTC().Format(time.RFC3339))
+			if err != nil {
+				fmt.Fprintln(a.stdout, line)
+				return &exitError{code: exitPassErrors, err: fmt.Errorf("prune stopped: %s; what was deleted is counted above, run it again", oneLine(err.Error()))}
+			}
+			fmt.Fprintln(a.stdout, line)
+			return nil
+		},
+	}
+	config.RegisterFlags(cmd.Flags(), config.PruneKeys...)
+	cmd.Flags().StringVar(&olderThan, "older-than", "", "prune the history of jobs finished before now minus this (Go duration or days: 8d, 720h; at least 8d)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the counts, delete nothing")
+	_ = cmd.MarkFlagRequired("older-than")
+	return cmd
+}
+
+// dayPrefix matches a leading day count of an --older-than value ("8d",
+// "10d12h").
+var dayPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
+
+// parseAge parses a Go duration with an optional leading day count (24 h
+// each): 8d, 8d12h, 720h. Negative values are refused.
+func parseAge(s string) (time.Duration, error) {
+	var days time.Duration
+	rest := s
+	if m := dayPrefix.FindStringSubmatch(s); m != nil {
+		n, err := strconv.Atoi(m[1])
+		if err != nil || n > 100000 {
+			return 0, fmt.Errorf("the day count is out of range")
+		}
+		days, rest = time.Duration(n)*24*time.Hour, m[2]
+		if rest == "" {
+			return days, nil
+		}
+	}
+	d, err := time.ParseDuration(rest)
+	if err != nil {
+		return 0, fmt.Errorf("not a duration: use Go syntax with an optional day count, such as 8d, 10d12h or 720h")
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("a duration must not be negative")
+	}
+	return days + d, nil
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// opsArgs returns the connection flags of db and the e2e Redis.
+func opsArgs(db *jobstest.DB, args ...string) []string {
+	return append(args, "--database-url", db.URL, "--schema", db.Schema, "--redis-url", e2eRedisURL)
+}
+
+func TestCancelCommand(t *testing.T) {
+	t.Parallel()
+
+	t.Run("CancelsTheRunningHandlerAndRefusesItsLateComplete", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		db := jobstest.New(t)
+		rdb := e2eRedis(t)
+		q := "cancel_" + db.Schema
+		id := q + "-J"
+		inspector := asynq.NewInspectorFromRedisClient(rdb)
+		t.Cleanup(func() {
+			_ = inspector.DeleteQueue(q, true)
+			rdb.Del(context.Background(), queue.MarkerKey(id))
+		})
+		db.JobType(t, "report.export", "30 minutes", "", "")
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
+		store := db.Store()
+
+		// The handler waits for its context, then tries to complete.
+		lateComplete := make(chan error, 1)
+		running := make(chan struct{}, 1)
+		w := startWorker(t, db, rdb, q, "w1", func(ctx context.Context, task *asynq.Task) error {
+			lease, err := jobs.LeaseFromContext(ctx)
+			if err != nil {
+				return err
+			}
+			running <- struct{}{}
+			<-ctx.Done()
+			_, err = store.CompleteWith(context.WithoutCancel(ctx), db.Pool, lease, func(pgx.Tx) error { return nil })
+			lateComplete <- err
+			return ctx.Err()
+		})
+		t.Cleanup(w.srv.Shutdown)
+		if _, err := queue.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, asynq.NewTask("report.export", nil), id); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-running:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the handler did not start within 30s")
+		}
+
+		r := run(t, opsArgs(db, "cancel", "--reason", "customer withdrew the order", id)...)
+		requireExit(t, r, exitOK)
+		if !strings.Contains(r.stdout, "cancelled job \""+id+"\" (was PROCESSING, generation 1): marker set, cancel sent to its running handler") {
+			t.Fatalf("stdout = %q", r.stdout)
+		}
+		select {
+		case err := <-lateComplete:
+			if !errors.Is(err, jobs.ErrJobTerminal) {
+				t.Fatalf("late Complete = %v, want ErrJobTerminal", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the handler's context was not cancelled within 30s")
+		}
+		row := db.Read(t, id)
+		if row.Status != jobs.StatusFailed || row.FailureReason != jobs.ReasonCancelled || row.Generation != 1 {
+			t.Fatalf("row = %+v, want FAILED cancelled at generation 1", row)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+db.Table("job_events")+
+			` WHERE job_id = $1 AND kind = 'cancelled' AND detail->>'reason' = 'customer withdrew the order'`, id); n != 1 {
+			t.Fatalf("cancelled events = %d, want 1", n)
+		}
+		if late := db.LateResults(t, id); len(late) != 1 || late[0].Operation != "Complete" {
+			t.Fatalf("late results = %+v, want the refused Complete", late)
+		}
+		if v, err := rdb.Get(ctx, queue.MarkerKey(id)).Result(); err != nil || v != "1" {
+			t.Fatalf("marker = %q (%v), want generation 1", v, err)
+		}
+	})
+
+	t.Run("RefusesFinishedAndUnknownJobs", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		db.JobType(t, "report.export", "30 minutes", "", "")
+		db.Insert(t, jobstest.Job{ID: "done", Type: "report.export", Status: jobs.StatusCompleted})
+		r := run(t, opsArgs(db, "cancel", "--reason", "x", "done", "nope")...)
+		requireExit(t, r, exitPassErrors)
+		if !strings.Contains(r.stderr, "job done is COMPLETED; only a QUEUED or PROCESSING job can be cancelled") ||
+			!strings.Contains(r.stderr, `job "nope" not found`) || r.stdout != "" {
+			t.Fatalf("stderr = %q stdout = %q", r.stderr, r.stdout)
+		}
+		if row := db.Read(t, "done"); row.Status != jobs.StatusCompleted {
+			t.Fatalf("row = %+v", row)
+		}
+	})
+
+	t.Run("RequiresAReason", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "cancel", "some-id")
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, "cancel needs --reason TEXT")
+	})
+}
+
+func TestPruneCommand(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	for _, id := range []string{"old", "recent"} {
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusCompleted})
+		db.Exec(t, `INSERT INTO `+db.Table("job_events")+` (job_id, kind, generation) VALUES ($1, 'claimed', 1), ($1, 'completed', 1)`, id)
+		db.Exec(t, `INSERT INTO `+db.Table("job_batches")+` (job_id, token, generation, expected_cursor, count, cursor_after)
+VALUES ($1, 'page-1', 1, 0, 10, 10)`, id)
+	}
+	db.Exec(t, `UPDATE `+db.Table("jobs")+` SET finished_at = now() - interval '30 days' WHERE id = 'old'`)
+	db.Exec(t, `UPDATE `+db.Table("jobs")+` SET finished_at = now() - interval '8 days' + interval '1 hour' WHERE id = 'recent'`)
+	args := []string{"--database-url", db.URL, "--schema", db.Schema}
+
+	r := run(t, append([]string{"prune", "--older-than", "7d"}, args...)...)
+	requireExit(t, r, exitPassErrors)
+	requireOneLineError(t, r, "refused: --older-than 7d is less than 8 days")
+
+	r = run(t, append([]string{"prune", "--older-than", "8d", "--dry-run"}, args...)...)
+	requireExit(t, r, exitOK)
+	if !strings.HasPrefix(r.stdout, "would delete 2 event(s) and 1 batch record(s)") {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	requireTotal := func(want int64, table string) {
+		t.Helper()
+		if n := db.Count(t, `SELECT count(*) FROM `+db.Table(table)); n != want {
+			t.Fatalf("%s rows = %d, want %d", table, n, want)
+		}
+	}
+	requireTotal(4, "job_events")
+
+	r = run(t, append([]string{"prune", "--older-than", "192h"}, args...)...)
+	requireExit(t, r, exitOK)
+	if !strings.HasPrefix(r.stdout, "deleted 2 event(s) and 1 batch record(s)") {
+		t.Fatalf("stdout = %q", r.stdout)
+	}
+	requireTotal(2, "job_events")
+	requireTotal(1, "job_batches")
+	requireTotal(2, "jobs")
+	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("job_events")+` WHERE job_id = 'recent'`); n != 2 {
+		t.Fatalf("recent job's events = %d, want 2", n)
+	}
+}
+
+func TestInspectCommand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := jobstest.New(t)
+	rdb := e2eRedis(t)
+	q := "inspect_" + db.Schema
+	id := q + "-J"
+	t.Cleanup(func() {
+		_ = asynq.NewInspectorFromRedisClient(rdb).DeleteQueue(q, true)
+		rdb.Del(context.Background(), queue.MarkerKey(id))
+	})
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q, Total: ptrTo(int64(30))})
+	store := db.Store()
+	if _, err := queue.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, asynq.NewTask("report.export", nil), id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Claim(ctx, id, 0, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, queue.MarkerKey(id), "1", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	r := run(t, opsArgs(db, "inspect", id, "--output", "json")...)
+	requireExit(t, r, exitOK)
+	var doc inspectDoc
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("stdout is not one inspect document: %v\n%s", err, r.stdout)
+	}
+	if doc.Status != jobs.StatusProcessing || doc.Generation != 1 || doc.Worker != "w1" || doc.Queue != q ||
+		doc.Total == nil || *doc.Total != 30 || doc.Limits == nil || doc.Limits.MaxRuntimeSeconds != 1800 ||
+		doc.RuntimeSeconds == nil || doc.EventCount != 1 || len(doc.Events) != 1 || doc.Events[0].Kind != "claimed" ||
+		!doc.Marker.Present || *doc.Marker.Generation != 1 || doc.Marker.TTLSeconds == nil ||
+		*doc.Marker.TTLSeconds <= 0 || *doc.Marker.TTLSeconds > 3600 || doc.TaskState != string(queue.TaskPending) {
+		t.Fatalf("document = %+v", doc)
+	}
+
+	text := run(t, opsArgs(db, "inspect", id)...)
+	requireExit(t, text, exitOK)
+	for _, want := range []string{"status:         PROCESSING", "generation:     1", "worker:         w1", "progress:       cursor 0 of total 30",
+		"marker:         present, generation 1", "asynq task:     pending", "claimed"} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text output lacks %q:\n%s", want, text.stdout)
+		}
+	}
+
+	unknown := run(t, opsArgs(db, "inspect", "no-such-job")...)
+	requireExit(t, unknown, exitPassErrors)
+	requireOneLineError(t, unknown, `job "no-such-job" not found in schema`)
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func TestCLIHygiene(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OnceOnTheRootSaysItBelongsToRun", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--once")
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, "--once belongs to jobreaper run", "jobreaper run --once")
+	})
+
+	t.Run("UnknownFlagSuggestsTheClosest", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "run", "--stall-timout", "20m")
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, "unknown flag: --stall-timout", "did you mean --stall-timeout?")
+	})
+
+	t.Run("AFlagOfAnotherCommandNamesIt", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "prune", "--reason", "q")
+		requireExit(t, r, exitCannotRun)
+		requireOneLineError(t, r, "--reason belongs to jobreaper cancel and jobreaper requeue, not to jobreaper prune")
+	})
+
+	t.Run("EachHelpListsOnlyItsFlags", func(t *testing.T) {
+		t.Parallel()
+		cases := map[string]struct{ has, hasNot []string }{
+			"migrate": {has: []string{"--database-url", "--schema"}, hasNot: []string{"--queues", "--redis-url", "--once", "--stall-timeout"}},
+			"prune":   {has: []string{"--older-than", "--dry-run", "--database-url"}, hasNot: []string{"--redis-url", "--queues", "--once"}},
+			"inspect": {has: []string{"--output", "--redis-url"}, hasNot: []string{"--queues", "--once", "--interval"}},
+			"cancel":  {has: []string{"--reason", "--redis-url"}, hasNot: []string{"--queues", "--once", "--interval"}},
+			"version": {hasNot: []string{"--database-url", "--config"}},
+			"run":     {has: []string{"--once", "--queues", "--stall-timeout"}, hasNot: []string{"--reason", "--older-than"}},
+		}
+		for name, c := range cases {
+			r := run(t, name, "--help")
+			requireExit(t, r, exitOK)
+			for _, f := range c.has {
+				if !strings.Contains(r.stdout, f) {
+					t.Errorf("%s --help lacks %s", name, f)
+				}
+			}
+			for _, f := range c.hasNot {
+				if strings.Contains(r.stdout, f+" ") {
+					t.Errorf("%s --help lists %s, which it does not use", name, f)
+				}
+			}
+		}
+	})
+}
