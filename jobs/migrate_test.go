@@ -121,8 +121,8 @@ func TestMigrateIgnoresTheConnectionsSearchPath(t *testing.T) {
 		t.Fatalf("current_schema() = %q (err %v), want public: the test needs a connection without the schema on its path", current, err)
 	}
 	applied, err := jobs.Migrate(ctx, pool, schema)
-	if err != nil || len(applied) != 4 {
-		t.Fatalf("Migrate applied %v (err %v), want versions 1 to 4", applied, err)
+	if err != nil || len(applied) < 4 || applied[0] != 1 || applied[len(applied)-1] != int64(len(applied)) {
+		t.Fatalf("Migrate applied %v (err %v), want versions 1 to the latest", applied, err)
 	}
 	for _, table := range []string{"jobs", "job_types", "job_events", "job_batches", "job_past_lives", jobs.SchemaVersionTable} {
 		var inSchema, inPublic bool

@@ -94,10 +94,10 @@ func (s *Store) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 	for _, step := range []struct {
 		sql   string
 		count *int64
-	}{{pruneEventsSQL, &res.Events}, {pruneBatchesSQL, &res.Batches}} {
+	}{{s.q(pruneEventsSQL), &res.Events}, {s.q(pruneBatchesSQL), &res.Batches}} {
 		for {
 			cctx, done := s.op(ctx, "Prune")
-			tag, err := s.db.Exec(cctx, s.q(step.sql), res.Cutoff, batch)
+			tag, err := s.db.Exec(cctx, step.sql, res.Cutoff, batch)
 			if err = done(err); err != nil {
 				return res, err
 			}

@@ -224,22 +224,3 @@ func opTimeout(parent context.Context, op string, d time.Duration) (context.Cont
 		return fmt.Errorf("%s: %w", op, err)
 	}
 }
-
-// MarkerTTL returns how long jobID's marker has left to live, and
-// found=false when there is no marker (none was set, or it expired), for
-// an operator's view of a job (jobreaper inspect). A marker without an
-// expiry (set by hand) reads as found with a TTL of -1. Errors: the store's
-// timeout (wrapping context.DeadlineExceeded) or a wrapped Redis error.
-func (s *MarkerStore) MarkerTTL(ctx context.Context, jobID string) (ttl time.Duration, found bool, err error) {
-	ctx, done := s.op(ctx, "MarkerTTL")
-	d, err := s.client.PTTL(ctx, MarkerKey(jobID)).Result()
-	switch {
-	case err != nil:
-		return 0, false, done(err)
-	case d == -2: // go-redis returns the reply as a Duration of -2 ns: no key
-		return 0, false, done(nil)
-	case d < 0:
-		return -1, true, done(nil)
-	}
-	return d, true, done(nil)
-}

@@ -162,7 +162,8 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		doc.Marker.Error = oneLine(err.Error())
 	} else if found {
 		doc.Marker.Present, doc.Marker.Generation = true, &gen
-		if ttl, ok, err := d.markers.MarkerTTL(ctx, id); err == nil && ok {
+		// PTTL: -1 means no expiry (a marker set by hand), -2 gone since.
+		if ttl, err := d.rdb.PTTL(ctx, queue.MarkerKey(id)).Result(); err == nil && ttl > 0 {
 			s := ttl.Seconds()
 			doc.Marker.TTLSeconds = &s
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -38,7 +39,9 @@ func (a *app) runCmd() *cobra.Command {
 		Short: "Run the reaper: a daemon with a metrics server, or one pass with --once",
 		Long: `run starts the reaper daemon: a pass at start (after up to --start-jitter),
 then one every --interval, until SIGTERM or SIGINT. It serves /metrics and
-/healthz on --metrics-addr. A failed pass is logged and the next one runs.
+/healthz on --metrics-addr, and /readyz (200 when the last PostgreSQL and
+Redis checks succeeded, 503 naming the failing one). A failed pass is
+logged and the next one runs.
 
 run --once runs one pass, prints what it did on stdout and exits 0 if the
 pass was clean, 1 if it counted errors, 2 if it could not run. With
@@ -104,6 +107,8 @@ func (a *app) printJSONError(err error) {
 // deps are what a pass runs on; close releases them.
 type deps struct {
 	reaper *reaper.Reaper
+	pool   *pgxpool.Pool
+	rdb    *redis.Client
 	close  func()
 }
 
@@ -166,7 +171,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		// run --once: an operator's one pass does all of its paced work.
 		opts.Once = true
 	}
-	return &deps{reaper: reaper.New(store, lister, markers, opts), close: closeAll}, nil
+	return &deps{reaper: reaper.New(store, lister, markers, opts), pool: pool, rdb: rdb, close: closeAll}, nil
 }
 
 // runOnce runs one pass and prints its summary on stdout. It never waits
@@ -259,7 +264,13 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	// Deferred last: the clients close after everything that uses them
 	// has stopped (step 3 below).
 	defer d.close()
-	srv, err := startMetricsServer(ctx, cfg.MetricsAddr, reg, log)
+	// The readiness checks run until the daemon stops (readyCtx) and are
+	// waited for before the clients close.
+	readyCtx, stopReady := context.WithCancel(ctx)
+	ready := startReadiness(readyCtx, d.pool, d.rdb, cfg.OpTimeout, log)
+	defer ready.stop()
+	defer stopReady()
+	srv, err := startMetricsServer(ctx, cfg.MetricsAddr, reg, ready, log)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 // grace period (Kubernetes: 30 s) must leave room for the reaper's stop.
 const metricsShutdownTimeout = 5 * time.Second
 
-// metricsServer serves /metrics and /healthz. A nil *metricsServer (when
+// metricsServer serves /metrics, /healthz and /readyz. A nil *metricsServer (when
 // metrics_addr is "off") is valid: stop does nothing and failed never fires.
 type metricsServer struct {
 	srv    *http.Server
@@ -30,7 +30,8 @@ type metricsServer struct {
 // startMetricsServer listens on addr before returning, so that a port in
 // use is an exit-2 error at start, and serves in the background. reg gets
 // the Go runtime and process collectors besides the reaper's metrics.
-func startMetricsServer(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) (*metricsServer, error) {
+// ready answers /readyz.
+func startMetricsServer(ctx context.Context, addr string, reg *prometheus.Registry, ready http.Handler, log *slog.Logger) (*metricsServer, error) {
 	if addr == config.MetricsAddrOff {
 		return &metricsServer{}, nil
 	}
@@ -44,6 +45,10 @@ func startMetricsServer(ctx context.Context, addr string, reg *prometheus.Regist
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	// /readyz says whether this replica's last PostgreSQL and Redis checks
+	// succeeded: a load balancer or an operator's probe reads it; a
+	// follower of the leader lease is ready.
+	mux.Handle("GET /readyz", ready)
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, cannotRun("cannot listen on metrics_addr %s: %v; choose a free --metrics-addr or set it to \"off\"", addr, err)
@@ -61,7 +66,7 @@ func startMetricsServer(ctx context.Context, addr string, reg *prometheus.Regist
 			s.failed <- err
 		}
 	}()
-	log.With("component", "metrics").Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+	log.With("component", "metrics").Info("serving /metrics and /healthz", "addr", ln.Addr().String(), "readyz", "/readyz")
 	return s, nil
 }
 

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+)
+
+// daemon is a `jobreaper run` running in-process.
+type daemon struct {
+	stderr *syncBuffer
+	addr   string
+	cancel context.CancelFunc
+	done   chan int
+}
+
+// startDaemon runs `jobreaper run` with args plus a metrics server on a
+// free port, and waits until it serves. It is stopped at cleanup.
+func startDaemon(t *testing.T, args ...string) *daemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	d := &daemon{stderr: &syncBuffer{}, cancel: cancel, done: make(chan int, 1)}
+	go func() {
+		var stdout syncBuffer
+		d.done <- execute(ctx, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--start-jitter", "0s"}, args...), &stdout, d.stderr)
+	}()
+	addrRE := regexp.MustCompile(`serving /metrics and /healthz" component=metrics addr=(\S+)`)
+	jobstest.Eventually(t, "the daemon's metrics server listens", func() bool {
+		if m := addrRE.FindStringSubmatch(d.stderr.String()); m != nil {
+			d.addr = m[1]
+		}
+		select {
+		case code := <-d.done:
+			t.Fatalf("the daemon exited with %d:\n%s", code, d.stderr.String())
+		default:
+		}
+		return d.addr != ""
+	})
+	t.Cleanup(func() { d.stop(t) })
+	return d
+}
+
+// stop cancels the daemon (as SIGTERM does) and waits for its exit.
+func (d *daemon) stop(t *testing.T) int {
+	d.cancel()
+	select {
+	case code := <-d.done:
+		d.done <- code
+		return code
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the daemon did not stop within 30s:\n%s", d.stderr.String())
+	}
+	return -1
+}
+
+// probe returns the status code and body of GET path on the daemon.
+func (d *daemon) probe(t *testing.T, path string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+d.addr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestReadyz(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	// The daemon reaches PostgreSQL through a proxy the test cuts: the
+	// shared server itself is never touched.
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, cfg.Host+":"+itoa(int(cfg.Port)))
+	url := strings.Replace(db.URL, cfg.Host+":"+itoa(int(cfg.Port)), proxy.addr, 1)
+	d := startDaemon(t, "--database-url", url, "--schema", db.Schema, "--redis-url", redisTestURL(),
+		"--queues", unique("ready"), "--interval", "1s", "--stall-timeout", "11m", "--op-timeout", "2s")
+
+	if code, body := d.probe(t, "/readyz"); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
+	}
+	proxy.cut()
+	var body string
+	jobstest.Eventually(t, "/readyz answers 503 naming PostgreSQL", func() bool {
+		var code int
+		code, body = d.probe(t, "/readyz")
+		return code == http.StatusServiceUnavailable
+	})
+	if !strings.Contains(body, "not ready: postgresql check failed") || strings.Contains(body, "redis") {
+		t.Fatalf("/readyz body = %q", body)
+	}
+	if code, _ := d.probe(t, "/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d while PostgreSQL is away, want 200 (it stays as it is)", code)
+	}
+	proxy.restore()
+	jobstest.Eventually(t, "/readyz answers 200 again", func() bool {
+		code, _ := d.probe(t, "/readyz")
+		return code == http.StatusOK
+	})
+	if code := d.stop(t); code != exitOK {
+		t.Fatalf("exit code %d:\n%s", code, d.stderr.String())
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
