@@ -126,6 +126,7 @@ VALUES ($1, 'late_result_rejected', $2, nullif($3, ''), $4)`
 // thing to record. When the event cannot be written the returned error
 // wraps both, so errors.Is(err, ErrStaleWorker) and the like still hold.
 func (s *Store) rejectLate(ctx context.Context, op string, lease Lease, st jobState, refusal error) error {
+	s.metrics.lateRefused(op)
 	detail, err := json.Marshal(LateResultDetail{
 		Operation:            op,
 		FencingToken:         lease.FencingToken(),

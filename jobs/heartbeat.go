@@ -183,12 +183,14 @@ func (h *Heartbeater) Heartbeat(ctx context.Context, lease Lease, progress int64
 	switch v, refusal := h.reserve(ctx, key); v {
 	case verdictRefused:
 		h.refused.Add(1)
+		h.store.metrics.lateRefused("Heartbeat")
 		return HeartbeatResult{}, fmt.Errorf("jobs.Heartbeat: attempt %s was refused before, nothing sent: %w", lease.FencingToken(), refusal)
 	case verdictDone:
 		h.failed.Add(1)
 		return HeartbeatResult{}, fmt.Errorf("jobs.Heartbeat: attempt %s: context done before the call, nothing sent: %w", lease.FencingToken(), ctx.Err())
 	case verdictThrottled:
 		h.throttled.Add(1)
+		h.store.metrics.heartbeat(HeartbeatThrottled)
 		return HeartbeatResult{Throttled: true}, nil
 	}
 	h.sent.Add(1)
@@ -196,6 +198,9 @@ func (h *Heartbeater) Heartbeat(ctx context.Context, lease Lease, progress int64
 	switch {
 	case err == nil && written:
 		h.written.Add(1)
+		h.store.metrics.heartbeat(HeartbeatWritten)
+	case err == nil:
+		h.store.metrics.heartbeat(HeartbeatUnchanged)
 	case errors.Is(err, ErrStaleWorker) || errors.Is(err, ErrJobTerminal):
 		h.refused.Add(1)
 		h.remember(key, err)

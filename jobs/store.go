@@ -48,6 +48,8 @@ type Store struct {
 	events    DB
 	opTimeout time.Duration
 	cascades  Cascades
+	// metrics are the worker library's series; nil without WithRegisterer.
+	metrics *workerMetrics
 }
 
 // schemaPlaceholder is what statements of this package write where the

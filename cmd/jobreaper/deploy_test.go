@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -36,12 +38,15 @@ func (d *descRecorder) MustRegister(cs ...prometheus.Collector) {
 
 func (d *descRecorder) Unregister(prometheus.Collector) bool { return true }
 
-// Every series the Grafana dashboard queries must be one the reaper
-// exports, so that a renamed metric cannot leave an empty panel behind.
+// Every series the Grafana dashboard queries must be one the reaper or the
+// worker library (start guard, jobs.Store) exports, so that a renamed
+// metric cannot leave an empty panel behind.
 func TestGrafanaDashboardQueriesOnlyExportedMetrics(t *testing.T) {
 	t.Parallel()
 	rec := &descRecorder{}
 	reaper.NewMetrics(rec)
+	queue.NewGuard(nil, nil, queue.WithRegisterer(rec))
+	jobs.NewStore(nil, jobs.WithRegisterer(rec))
 	raw, err := os.ReadFile("../../deploy/grafana-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
