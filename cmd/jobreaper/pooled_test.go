@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -50,12 +51,13 @@ func TestPooledMigrateAndRunOnceOnANonPublicSchema(t *testing.T) {
 	}
 	wg.Wait()
 	var applied, current int
+	appliedAll := regexp.MustCompile(`^applied [0-9]+ migration\(s\) to schema "jobreaper": 1, 2, 3(, [0-9]+)*\n$`)
 	for _, r := range results {
 		requireExit(t, r, exitOK)
-		switch r.stdout {
-		case `applied 4 migration(s) to schema "jobreaper": 1, 2, 3, 4` + "\n":
+		switch {
+		case appliedAll.MatchString(r.stdout):
 			applied++
-		case `schema "jobreaper" is up to date: no migration applied` + "\n":
+		case r.stdout == `schema "jobreaper" is up to date: no migration applied`+"\n":
 			current++
 		default:
 			t.Fatalf("migrate printed %q", r.stdout)
