@@ -123,7 +123,11 @@ SELECT e.id, 'reaped', e.generation, nullif(e.worker, ''), e.detail::jsonb
 // A candidate whose own cascade fails is set aside (ReapBatchResult.Failed)
 // and the batch is run again without it, at most ReapDropsMax times.
 //
-// Errors (nothing of the batch written): ErrDeadlock when PostgreSQL broke
+// With WithLeaderLease, the transaction's last statement before COMMIT
+// checks the leader lease on clock_timestamp() and rolls back otherwise.
+//
+// Errors (nothing of the batch written): ErrLeaderLeaseLost when the leader
+// lease was no longer this daemon's at COMMIT; ErrDeadlock when PostgreSQL broke
 // a deadlock; ErrTxEnded when a cascade statement ended the transaction;
 // ErrInvalidArgument for more than ReapBatchSize candidates; a wrapped
 // driver or cascade error otherwise.
@@ -178,8 +182,12 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 			return err
 		}
 		slices.SortFunc(reaped, func(a, b ReapedJob) int { return cmp.Compare(a.JobID, b.JobID) })
-		failedAt, err = s.reapFollowUps(ctx, tx, reaped, saved)
-		return err
+		if failedAt, err = s.reapFollowUps(ctx, tx, reaped, saved); err != nil {
+			return err
+		}
+		// The last statement before COMMIT: a leader whose leader lease
+		// lapsed meanwhile (paused, or waiting on a row lock) writes nothing.
+		return s.checkLeaderLease(ctx, tx)
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError

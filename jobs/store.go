@@ -50,6 +50,9 @@ type Store struct {
 	cascades  Cascades
 	// metrics are the worker library's series; nil without WithRegisterer.
 	metrics *workerMetrics
+	// leader is the leader lease reap transactions check before COMMIT;
+	// nil without WithLeaderLease.
+	leader *leaderFence
 }
 
 // schemaPlaceholder is what statements of this package write where the

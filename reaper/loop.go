@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -54,13 +55,59 @@ func (r *Reaper) loop(ctx context.Context, stopped chan struct{}) {
 	}
 	ticker := clock.NewTicker(r.opts.Interval)
 	defer ticker.Stop()
+	if l := r.opts.LeaderLease; l != nil {
+		// Renewals and takeovers run on their own cadence (Interval/3), so
+		// a long pass keeps its leader lease and a follower takes over in
+		// time; a clean exit releases it.
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.run(ctx, r.stopPass)
+		}()
+		defer func() {
+			wg.Wait()
+			l.release(context.WithoutCancel(ctx))
+		}()
+	}
 	for {
-		// RunOnce logs its own errors; the loop only carries on.
-		_, _ = r.RunOnce(ctx)
+		r.daemonPass(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.Chan():
 		}
+	}
+}
+
+// daemonPass runs one pass of the loop. With a leader lease it first
+// takes or renews it (one statement) and runs the pass only when this
+// replica holds it: a replica resumed after a pause (SIGSTOP) starts no
+// pass until it holds the leader lease again. The pass runs under a
+// context that stopPass cancels when the leader lease is lost.
+func (r *Reaper) daemonPass(ctx context.Context) {
+	if l := r.opts.LeaderLease; l != nil && !l.Attempt(ctx) {
+		return
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	r.mu.Lock()
+	r.passCancel = cancel
+	r.mu.Unlock()
+	// RunOnce logs its own errors; the loop only carries on.
+	_, _ = r.RunOnce(pctx)
+	r.mu.Lock()
+	r.passCancel = nil
+	r.mu.Unlock()
+	cancel()
+}
+
+// stopPass cancels the running daemon pass, if any: its leader lease was
+// lost. Reaps in flight roll back at their leader lease check.
+func (r *Reaper) stopPass() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.passCancel != nil {
+		r.log.Warn("leader lease lost during a pass; the pass stops")
+		r.passCancel()
 	}
 }

@@ -129,19 +129,24 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 // returns false when the lookup failed (an error of the pass).
 func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live func() (map[string]bool, error),
 	now time.Time, held map[string][]string, res *Result) ([]jobs.Snapshot, bool) {
-	var judged []jobs.Snapshot
+	var (
+		judged   []jobs.Snapshot
+		verdicts []Verdict
+	)
 	for _, snap := range cands {
 		// The SQL used the same rule; Decide states it once more on this
 		// pass's clock reading, so a job is never reaped on one side alone.
 		v := Decide(&snap, now, r.opts.Rule)
 		if !v.Reap {
 			if v.Skip == SkipBadRow { // the SQL cannot see it: count it here
+				r.decided(res, snap.ID, &snap, v, "")
 				res.skip(v.Skip, 1)
 				r.logSkip(snap.ID, &snap, v, false)
 			}
 			continue
 		}
 		judged = append(judged, snap)
+		verdicts = append(verdicts, v)
 	}
 	if len(judged) == 0 {
 		return nil, true
@@ -162,6 +167,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 			continue // started since the listing: the next pass judges it
 		}
 		if st.WillRun() && st != queue.TaskQueueNotFound {
+			r.decided(res, snap.ID, &snap, verdicts[i].skipped(SkipAwaitingRetry), "")
 			res.skip(SkipAwaitingRetry, 1)
 			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", st)
 			continue
@@ -173,10 +179,12 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 		}
 		switch {
 		case !servers[snap.Queue]:
+			r.decided(res, snap.ID, &snap, verdicts[i].skipped(SkipLostHeld), "")
 			res.skip(SkipLostHeld, 1)
 			held[snap.Queue] = append(held[snap.Queue], snap.ID)
 		default:
 			r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", st)
+			r.decided(res, snap.ID, &snap, verdicts[i], jobs.ReasonLostTask)
 			lost = append(lost, snap)
 		}
 	}

@@ -20,6 +20,7 @@ type Metrics struct {
 	duration      prometheus.Histogram
 	lastSuccess   prometheus.Gauge
 	reconcile     *reconcileMetrics
+	fleet         *fleetMetrics
 }
 
 // Error stages label jobreaper_pass_errors_total.
@@ -55,8 +56,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		reaped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_jobs_reaped_total",
-			Help: "Jobs failed by the reaper, by failure reason (stalled, lost_task).",
-		}, []string{"reason"}),
+			Help: "Jobs failed by the reaper, by failure reason (stalled, lost_task), job type and queue. The reason series with empty type and queue exist at 0 from the start; a type/queue pair appears at its first reap.",
+		}, []string{"reason", "type", "queue"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_jobs_skipped_total",
 			Help: "Listed tasks the reaper left alone, by skip reason.",
@@ -96,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.errors.WithLabelValues(st)
 	}
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
-		m.reaped.WithLabelValues(reason)
+		m.reaped.WithLabelValues(reason, "", "")
 	}
 	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipBadRow, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound,
@@ -107,6 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.markersFixed.WithLabelValues(cause)
 	}
 	m.reconcile = newReconcileMetrics(reg)
+	m.fleet = newFleetMetrics(reg)
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
 		m.queueNotFound, m.duration, m.lastSuccess)
 	return m
@@ -160,7 +162,7 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 	for reason, n := range res.Skipped {
 		m.skipped.WithLabelValues(reason).Add(float64(n))
 	}
-	for reason, n := range res.ReapedBy {
-		m.reaped.WithLabelValues(reason).Add(float64(n))
+	for k, n := range res.reapedSeries {
+		m.reaped.WithLabelValues(k.reason, k.typ, k.queue).Add(float64(n))
 	}
 }

@@ -80,6 +80,20 @@ type Options struct {
 	// Eviction, when set, is asked for Redis's maxmemory-policy at the
 	// first pass and every EvictionCheckInterval after (checkEviction).
 	Eviction EvictionChecker
+	// LeaderLease, when set, makes the daemon loop (Start) run passes only
+	// while this replica holds it; the Store's reap transactions must then
+	// check it too (jobs.WithLeaderLease). RunOnce ignores it: a manual
+	// pass neither takes, waits for, nor checks it.
+	LeaderLease *LeaderLease
+	// DryRun makes passes write nothing (no UPDATE, event, marker,
+	// cascade or cancel, no marker repair) and record every decision in
+	// Result.Decisions, counting the jobs they would reap in Reaped. The
+	// decisions come from the same code as a real pass's.
+	DryRun bool
+	// Canceller, when set, publishes asynq's cancel of the running
+	// handler of each reaped job that was active, after its batch's
+	// markers are written (cancel on reap, B30).
+	Canceller Canceller
 	// LoadBatch is how many task IDs one load of rows names (default
 	// jobs.LoadBatchSize); a pass holds one batch of rows at a time, and a
 	// batch that fails to load costs only its own tasks.
@@ -137,10 +151,21 @@ type Result struct {
 	// MarkersRestored counts markers this pass wrote again: their write at
 	// the reap had failed, or they were lost since (failover, eviction).
 	MarkersRestored int `json:"markers_restored"`
+	// Decisions are a dry run's decisions, one per job looked at; nil in a
+	// real pass.
+	Decisions []Decision `json:"-"`
+	// reapedSeries counts reaped jobs by reason, type and queue, for
+	// jobreaper_jobs_reaped_total.
+	reapedSeries map[reapSeries]int
+	// decided indexes Decisions by job ID.
+	decided map[string]int
 }
 
+// reapSeries labels one series of jobreaper_jobs_reaped_total.
+type reapSeries struct{ reason, typ, queue string }
+
 func newResult() Result {
-	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{jobs.ReasonStalled: 0, jobs.ReasonLostTask: 0}}
+	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{jobs.ReasonStalled: 0, jobs.ReasonLostTask: 0}, reapedSeries: map[reapSeries]int{}}
 }
 
 func (r *Result) skip(reason SkipReason, n int) {
@@ -165,6 +190,9 @@ type Reaper struct {
 	mu      sync.Mutex
 	cancel  context.CancelFunc
 	stopped chan struct{}
+	// passCancel stops the running daemon pass when the leader lease is
+	// lost; nil between passes.
+	passCancel context.CancelFunc
 }
 
 // New returns a Reaper. It does not contact anything until RunOnce or Start.
@@ -215,6 +243,8 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 		r.log.Error("pass could not run", append(attrs, "err", err)...)
 	case res.Errors > 0:
 		r.log.Warn("pass finished with errors", attrs...)
+	case r.opts.DryRun:
+		r.log.Info("dry run finished; nothing was written (reaped counts what a real pass would try to reap)", attrs...)
 	case res.Reaped > 0:
 		r.log.Info("pass reaped jobs", attrs...)
 	default:
@@ -265,11 +295,14 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 		queues = union(queues, named)
 	}
 	// Markers whose write failed in an earlier pass (first, so that a
-	// write failing in this pass is not retried at once).
-	tried := r.repairMarkers(ctx, now, &res)
-	// Every marker of the last 7 days, a slice per pass, so that one lost
-	// to a failover or an eviction comes back within MarkerCheckWindow.
-	r.reassertMarkers(ctx, now, tried, &res)
+	// write failing in this pass is not retried at once), then every
+	// marker of the last 7 days, a slice per pass, so that one lost to a
+	// failover or an eviction comes back within MarkerCheckWindow. A dry
+	// run writes none.
+	if !r.opts.DryRun {
+		tried := r.repairMarkers(ctx, now, &res)
+		r.reassertMarkers(ctx, now, tried, &res)
+	}
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
 	ids, listed := r.listActive(ctx, queues, &res)

@@ -183,8 +183,12 @@ func TestRunOnce(t *testing.T) {
 		if err := b.db.Pool.QueryRow(ctx, `SELECT marker_set_at IS NOT NULL FROM jobs WHERE id = 'J5'`).Scan(&recorded); err != nil || !recorded {
 			t.Fatalf("J5 marker_set_at recorded = %v (%v), want true", recorded, err)
 		}
-		if got := metricValue(t, b.reg, "jobreaper_jobs_reaped_total", map[string]string{"reason": "stalled"}); got != 1 {
+		if got := metricValue(t, b.reg, "jobreaper_jobs_reaped_total", map[string]string{"reason": "stalled", "type": "report.export", "queue": "default"}); got != 1 {
 			t.Fatalf("jobreaper_jobs_reaped_total = %v, want 1", got)
+		}
+		// The reason series without type and queue stay at 0.
+		if got := metricValue(t, b.reg, "jobreaper_jobs_reaped_total", map[string]string{"reason": "stalled", "type": "", "queue": ""}); got != 0 {
+			t.Fatalf("jobreaper_jobs_reaped_total{reason=stalled,type=\"\",queue=\"\"} = %v, want 0", got)
 		}
 	})
 

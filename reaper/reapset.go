@@ -35,6 +35,7 @@ func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, re
 				snap = &s
 			}
 			v := Decide(snap, now, r.opts.Rule)
+			r.decided(res, id, snap, v, jobs.ReasonStalled)
 			if !v.Reap {
 				res.skip(v.Skip, 1)
 				r.logSkip(id, snap, v, debug)
@@ -51,19 +52,38 @@ func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, re
 // in one pipeline. A batch that fails (a deadlock, PostgreSQL down) is an
 // error of the pass and nothing of it was written: the next pass retries.
 func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason string, res *Result) {
+	if r.opts.DryRun {
+		r.wouldReap(stalled, reason, res)
+		return
+	}
 	for start := 0; start < len(stalled); start += jobs.ReapBatchSize {
 		if ctx.Err() != nil {
 			return
 		}
+		if l := r.opts.LeaderLease; l != nil && !l.Held() {
+			// By this host's clock the leader lease has lapsed (a pause, a
+			// slow pass): no reap starts until an attempt holds it again.
+			r.log.Warn("leader lease lapsed during the pass; no further reap this pass", "left", len(stalled)-start)
+			return
+		}
 		batch := stalled[start:min(start+jobs.ReapBatchSize, len(stalled))]
 		cands := make([]jobs.ReapCandidate, len(batch))
+		queues := make(map[string]string, len(batch))
 		for i, sn := range batch {
 			cands[i] = jobs.ReapCandidate{JobID: sn.ID, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}
+			queues[sn.ID] = sn.Queue
 		}
 		out, err := r.store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: cands, Reason: reason, Rule: r.opts.Rule})
 		for _, f := range out.Failed {
 			r.failed(ctx, res, stageReap, "reap failed for one job (its on_failed cascade); the rest of its batch went on, this job is retried next pass",
 				"job_id", f.JobID, "err", f.Err)
+		}
+		if errors.Is(err, jobs.ErrLeaderLeaseLost) {
+			// Not an error of the pass: the leader lease moved on, and the
+			// new leader reaps what is still stalled.
+			r.log.Warn("reap rolled back: this replica's leader lease lapsed before COMMIT; nothing of the batch was written",
+				"jobs", len(batch), "first_job_id", batch[0].ID)
+			return
 		}
 		if err != nil {
 			msg := "reap of a batch failed; nothing of it was written, retried next pass"
@@ -81,11 +101,13 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 			ev := j.Evidence
 			res.Reaped++
 			res.ReapedBy[reason]++
+			res.reapedSeries[reapSeries{reason, j.Type, queues[j.JobID]}]++
 			r.log.Info("job reaped", "job_id", j.JobID, "type", j.Type, "reason", reason,
 				"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
 				"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
 		}
 		r.setMarkers(ctx, out.Reaped, res)
+		r.cancelHandlers(ctx, out.Reaped, reason)
 	}
 }
 

@@ -33,6 +33,7 @@ func (a *app) runCmd() *cobra.Command {
 	var (
 		once   bool
 		output string
+		mode   runMode
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -59,14 +60,17 @@ Logs always go to stderr.`,
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
 			}
+			if mode.dryRun && !once {
+				return cannotRun("--dry-run applies to --once only (a daemon that writes nothing would only load the servers); add --once")
+			}
 			if !once {
 				cfg, err := a.loadConfig(cmd)
 				if err != nil {
 					return err
 				}
-				return a.runDaemon(cmd.Context(), cfg, newLogger(cfg, a.stderr))
+				return a.runDaemon(cmd.Context(), cfg, newLogger(cfg, a.stderr), mode)
 			}
-			err := a.runOnceCmd(cmd, output)
+			err := a.runOnceCmd(cmd, output, mode)
 			if output == outputJSON {
 				a.printJSONError(err)
 			}
@@ -77,16 +81,17 @@ Logs always go to stderr.`,
 	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors, 2 could not run)")
 	cmd.Flags().StringVar(&output, "output", outputText,
 		`format of the --once summary on stdout: text or json (json: one document, {"error":"..."} when it could not run)`)
+	mode.register(cmd)
 	return cmd
 }
 
 // runOnceCmd loads the configuration and runs one pass.
-func (a *app) runOnceCmd(cmd *cobra.Command, output string) error {
+func (a *app) runOnceCmd(cmd *cobra.Command, output string, mode runMode) error {
 	cfg, err := a.loadConfig(cmd)
 	if err != nil {
 		return err
 	}
-	return a.runOnce(cmd.Context(), cfg, newLogger(cfg, a.stderr), output)
+	return a.runOnce(cmd.Context(), cfg, newLogger(cfg, a.stderr), output, mode)
 }
 
 // printJSONError keeps run --once --output json's promise of one JSON
@@ -114,7 +119,7 @@ type deps struct {
 
 // connect opens PostgreSQL and Redis and builds the reaper. Every failure
 // is an exit-2 error naming the server and what to check.
-func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *reaper.Metrics, jitter bool) (*deps, error) {
+func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runMode) (*deps, error) {
 	pool, err := connectPostgres(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -142,7 +147,9 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		closeAll()
 		return nil, cannotRun("%v; check --page-size", err)
 	}
-	store := jobs.NewStore(pool, jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))
+	leader := mode.leader(cfg, log)
+	store := jobs.NewStore(pool, append(leader.storeOptions(),
+		jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))...)
 	// A misspelt table in a cascade fails here, not at the first reap, and
 	// so does a statement that would end the reap's transaction (ROLLBACK).
 	if err := store.PrepareCascades(ctx); err != nil {
@@ -155,8 +162,9 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		Interval: cfg.Interval,
 		Rule:     cfg.StallRule(),
 		Logger:   log,
-		Metrics:  metrics,
+		Metrics:  mode.metrics,
 		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
+		DryRun:   mode.dryRun,
 
 		MarkerCheckWindow: cfg.MarkerCheckWindow,
 		MaxLostPerPass:    cfg.MaxLostPerPass,
@@ -165,19 +173,22 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, metrics *
 		StaleQueuedLookups: cfg.StaleQueuedLookupsPerPass,
 		Asynq:              queue.NewStatusReader(rdb, cfg.OpTimeout),
 	}
-	if jitter {
+	if mode.daemon {
 		opts.StartJitter = cfg.StartJitter
 	} else {
 		// run --once: an operator's one pass does all of its paced work.
 		opts.Once = true
 	}
+	mode.fleetOptions(&opts, store, leader, rdb, cfg, log)
 	return &deps{reaper: reaper.New(store, lister, markers, opts), pool: pool, rdb: rdb, close: closeAll}, nil
 }
 
 // runOnce runs one pass and prints its summary on stdout. It never waits
 // for the start jitter: an operator is watching.
-func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, output string) error {
-	d, err := connect(ctx, cfg, log, nil, false)
+func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, output string, mode runMode) error {
+	// A manual pass neither takes, waits for, nor checks the leader lease.
+	mode.leaderLease, mode.daemon = false, false
+	d, err := connect(ctx, cfg, log, mode)
 	if err != nil {
 		return err
 	}
@@ -186,7 +197,12 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	if err != nil {
 		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
 	}
-	if err := printResult(a.stdout, res, output); err != nil {
+	if mode.dryRun {
+		err = printDryRun(a.stdout, res, output)
+	} else {
+		err = printResult(a.stdout, res, output)
+	}
+	if err != nil {
 		return cannotRun("writing the summary: %v", err)
 	}
 	if res.Errors > 0 {
@@ -253,11 +269,11 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 
 // runDaemon runs the reaper loop and the metrics server until ctx is
 // cancelled (SIGTERM, SIGINT) or the metrics server fails.
-func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger, mode runMode) error {
 	mainLog := log.With("component", "main")
 	reg := prometheus.NewRegistry()
-	metrics := reaper.NewMetrics(reg)
-	d, err := connect(ctx, cfg, log, metrics, true)
+	mode.metrics, mode.daemon = reaper.NewMetrics(reg), true
+	d, err := connect(ctx, cfg, log, mode)
 	if err != nil {
 		return err
 	}
@@ -280,7 +296,7 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	}
 	mainLog.Info("jobreaper started", "schema", cfg.Schema, "queues", queuesAttr(cfg.Queues),
 		"interval", cfg.Interval, "stall_timeout", cfg.StallTimeout, "min_stall_timeout", cfg.MinStallTimeout(),
-		"metrics_addr", cfg.MetricsAddr)
+		"metrics_addr", cfg.MetricsAddr, "leader_lease", mode.leaderLease, "cancel_on_reap", mode.cancelOnReap)
 
 	var failure error
 	select {

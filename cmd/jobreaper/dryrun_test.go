@@ -1,0 +1,84 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
+)
+
+// run --once --dry-run over stalled jobs changes no row, event or marker,
+// and lists every decision: as one JSON document and as text.
+func TestRunOnceDryRun(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	rdb := realRedis(t)
+	q := unique("dry")
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	stalled, fresh := unique("J-stalled"), unique("J-fresh")
+	db.Insert(t, jobstest.Job{ID: stalled, Type: "report.export", Generation: 1, Queue: q, Worker: "w1",
+		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+	db.Insert(t, jobstest.Job{ID: fresh, Type: "report.export", Generation: 1, Queue: q, Worker: "w2",
+		StartedAgo: jobstest.Ago(2 * time.Minute), IdleAgo: time.Minute})
+	activeTask(t, stalled, q)
+	activeTask(t, fresh, q)
+	t.Cleanup(func() { rdb.Del(t.Context(), queue.MarkerKey(stalled), queue.MarkerKey(fresh)) })
+	before := db.Read(t, stalled)
+
+	r := run(t, onceArgs(db, q, "--dry-run", "--output", "json")...)
+	requireExit(t, r, exitOK)
+	var doc struct {
+		Scanned, Reaped, Errors int
+		Skipped                 map[string]int
+		Decisions               []reaper.Decision
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || strings.Count(r.stdout, "\n") != 1 {
+		t.Fatalf("stdout is not one JSON document: %v\n%s", err, r.stdout)
+	}
+	if doc.Scanned != 2 || doc.Reaped != 1 || doc.Skipped["within_limit"] != 1 || len(doc.Decisions) != 2 {
+		t.Fatalf("dry run = %+v", doc)
+	}
+	for _, d := range doc.Decisions {
+		switch d.JobID {
+		case stalled:
+			if d.Decision != "reap" || d.Reason != "stalled" || d.Worker != "w1" || d.Generation != 1 || d.Queue != q ||
+				d.Type != "report.export" || d.MaxRuntimeSeconds != 1800 || d.StallTimeoutSeconds != 900 || d.IdleSeconds < 21*60 {
+				t.Errorf("decision on the stalled job = %+v", d)
+			}
+		case fresh:
+			if d.Decision != "skip" || d.Reason != "within_limit" {
+				t.Errorf("decision on the fresh job = %+v", d)
+			}
+		default:
+			t.Errorf("decision on an unknown job: %+v", d)
+		}
+	}
+	if after := db.Read(t, stalled); after != before {
+		t.Fatalf("the dry run changed the stalled job: %+v -> %+v", before, after)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("job_events")); n != 0 {
+		t.Fatalf("the dry run wrote %d events", n)
+	}
+	if n, err := rdb.Exists(t.Context(), queue.MarkerKey(stalled)).Result(); err != nil || n != 0 {
+		t.Fatalf("the dry run wrote a marker (%d, %v)", n, err)
+	}
+
+	text := run(t, onceArgs(db, q, "--dry-run")...)
+	requireExit(t, text, exitOK)
+	if !strings.Contains(text.stdout, "dry run, nothing written: would reap 1 of 2 job(s) looked at") ||
+		!strings.Contains(text.stdout, "REAP stalled") || !strings.Contains(text.stdout, "skip within_limit") {
+		t.Fatalf("text output:\n%s", text.stdout)
+	}
+	if row := db.Read(t, stalled); row.Status != jobs.StatusProcessing {
+		t.Fatalf("stalled job after two dry runs = %+v", row)
+	}
+
+	daemon := run(t, "run", "--dry-run", "--database-url", db.URL)
+	requireExit(t, daemon, exitCannotRun)
+	requireOneLineError(t, daemon, "--dry-run applies to --once only")
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
+)
+
+// runMode is how `jobreaper run` runs: as a daemon or once, with or
+// without the leader lease, cancel on reap and dry run.
+type runMode struct {
+	// daemon: the loop with its start jitter, metrics and leader lease.
+	daemon  bool
+	metrics *reaper.Metrics
+	// leaderLease: one replica per queue set runs passes (--leader-lease).
+	leaderLease bool
+	// cancelOnReap: asynq's cancel for each reaped active task
+	// (--cancel-on-reap).
+	cancelOnReap bool
+	// dryRun: write nothing, list every decision (--dry-run, with --once).
+	dryRun bool
+}
+
+// register defines run's fleet flags.
+func (m *runMode) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&m.leaderLease, "leader-lease", true,
+		"run passes only while this replica holds its queue set's leader lease (one replica per set works; the others wait); "+
+			"false runs every replica's passes (correctness never depends on it); ignored by --once")
+	cmd.Flags().BoolVar(&m.cancelOnReap, "cancel-on-reap", true,
+		"after a reap, ask asynq to cancel the running handler of each reaped task that was active, so its worker slot is freed")
+	cmd.Flags().BoolVar(&m.dryRun, "dry-run", false,
+		"with --once: write nothing (no UPDATE, event, marker, cascade or cancel) and list every decision the pass would act on")
+}
+
+// leaderSetup is a daemon's leader lease: its holder identity and key, or
+// nothing (run --once, --leader-lease=false).
+type leaderSetup struct {
+	on     bool
+	holder jobs.LeaderLeaseHolder
+	key    string
+}
+
+// leader returns the leader lease setup of this run.
+func (m runMode) leader(cfg config.Config, log *slog.Logger) leaderSetup {
+	if !m.daemon || !m.leaderLease || m.dryRun {
+		if m.daemon {
+			log.With("component", "leader_lease").Info("running without a leader lease (--leader-lease=false): this replica runs every pass")
+			m.metrics.SetLeaderWithoutLease()
+		}
+		return leaderSetup{}
+	}
+	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues)}
+}
+
+// storeOptions makes the Store's reap transactions check the leader lease
+// before COMMIT when the daemon uses one.
+func (l leaderSetup) storeOptions() []jobs.StoreOption {
+	if !l.on {
+		return nil
+	}
+	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID)}
+}
+
+// fleetOptions sets the reaper options of the leader lease and cancel on
+// reap.
+func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb *redis.Client, cfg config.Config, log *slog.Logger) {
+	if l.on {
+		settings := reaper.NewSettings(cfg.Interval, cfg.HeartbeatInterval, cfg.StallTimeout, cfg.Queues, cfg.Cascades)
+		opts.LeaderLease = reaper.NewLeaderLease(store, cfg.Queues, l.holder, cfg.Interval, settings, log, m.metrics)
+	}
+	if m.cancelOnReap && !m.dryRun {
+		opts.Canceller = queue.NewCanceller(rdb, cfg.OpTimeout)
+	}
+}
+
+// dryRunDoc is the JSON form of `run --once --dry-run --output json`: the
+// summary's fields plus one decision per job looked at.
+type dryRunDoc struct {
+	reaper.Result
+	Decisions []reaper.Decision `json:"decisions"`
+}
+
+// printDryRun writes a dry run's summary and decisions: one JSON document,
+// or the summary line then one line per decision.
+func printDryRun(w io.Writer, res reaper.Result, output string) error {
+	if res.Skipped == nil {
+		res.Skipped = map[string]int{}
+	}
+	decisions := res.Decisions
+	if decisions == nil {
+		decisions = []reaper.Decision{}
+	}
+	if output == outputJSON {
+		return json.NewEncoder(w).Encode(dryRunDoc{Result: res, Decisions: decisions})
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "dry run, nothing written: would reap %d of %d job(s) looked at\n", res.Reaped, len(decisions))
+	for _, d := range decisions {
+		verb := "skip"
+		if d.Decision == reaper.DecisionReap {
+			verb = "REAP"
+		}
+		worker := d.Worker
+		if worker == "" {
+			worker = "-"
+		}
+		fmt.Fprintf(&b, "%-4s %-16s job %s type %s queue %s generation %d worker %s: runtime %s of max %s, idle %s of stall timeout %s\n",
+			verb, d.Reason, jobs.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
+			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds))
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	return printResult(w, res, outputText)
+}
+
+func secs(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(time.Second).String()
+}

@@ -1,0 +1,41 @@
+package reaper
+
+import (
+	"context"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// Canceller publishes asynq's cancels of running handlers, in pipelines;
+// *queue.Canceller satisfies it.
+type Canceller interface {
+	Cancel(ctx context.Context, ids []string) (sent int, err error)
+}
+
+// cancelHandlers asks asynq to cancel the running handlers of a committed
+// batch of reaps whose tasks were active (reason stalled: they were listed
+// active this pass), after their markers: asynq then stops waiting for the
+// handler at once, frees its worker slot and schedules a retry, which the
+// start guard refuses (B30). A handler that ignores its context keeps
+// running until it returns; its late writes are refused and counted in
+// jobreaper_late_results_refused_total. The reaps are committed, so the
+// cancels are sent even when the pass is being stopped. A failed publish
+// is logged, not an error of the pass: the reap stands, and the guard
+// refuses the task's next delivery either way.
+func (r *Reaper) cancelHandlers(ctx context.Context, reaped []jobs.ReapedJob, reason string) {
+	if r.opts.Canceller == nil || reason != jobs.ReasonStalled || len(reaped) == 0 {
+		return
+	}
+	ids := make([]string, len(reaped))
+	for i, j := range reaped {
+		ids[i] = j.JobID
+	}
+	sent, err := r.opts.Canceller.Cancel(context.WithoutCancel(ctx), ids)
+	r.opts.Metrics.cancelsSent(sent)
+	if err != nil {
+		r.log.Warn("publishing asynq cancels of reaped jobs' handlers failed; their worker slots stay taken until the handlers return",
+			"sent", sent, "of", len(ids), "first_job_id", ids[0], "err", err)
+		return
+	}
+	r.log.Info("asked asynq to cancel the running handlers of reaped jobs", "cancels", sent, "first_job_id", ids[0])
+}

@@ -1,0 +1,76 @@
+package reaper
+
+import "github.com/jobreaper/jobreaper/jobs"
+
+// Decision values of a dry run's decisions.
+const (
+	DecisionReap = "reap"
+	DecisionSkip = "skip"
+)
+
+// Decision is what a pass decided about one job it looked at, as a dry run
+// (Options.DryRun) reports it: the same Decide verdict a real pass acts on.
+type Decision struct {
+	JobID string `json:"job_id"`
+	// Type, Queue and Worker are "" when unknown (no row, NULL).
+	Type     string `json:"type"`
+	Queue    string `json:"queue"`
+	Decision string `json:"decision"`
+	// Reason is the reap reason (stalled, lost_task) or the skip reason.
+	Reason string `json:"reason"`
+	// The durations are seconds; 0 where the verdict had none (no row, no
+	// start time, unknown type).
+	RuntimeSeconds      float64 `json:"runtime_seconds"`
+	IdleSeconds         float64 `json:"idle_seconds"`
+	MaxRuntimeSeconds   float64 `json:"max_runtime_seconds"`
+	StallTimeoutSeconds float64 `json:"stall_timeout_seconds"`
+	Generation          int64   `json:"generation"`
+	Worker              string  `json:"worker"`
+}
+
+// decided records a decision on job id in a dry run; a real pass records
+// nothing here. reapReason is the reason a reap verdict is acted on with.
+func (r *Reaper) decided(res *Result, id string, snap *jobs.Snapshot, v Verdict, reapReason string) {
+	if !r.opts.DryRun {
+		return
+	}
+	d := Decision{
+		JobID: id, Decision: DecisionSkip, Reason: string(v.Skip),
+		RuntimeSeconds: v.Runtime.Seconds(), IdleSeconds: v.Idle.Seconds(),
+		MaxRuntimeSeconds: v.MaxRuntime.Seconds(), StallTimeoutSeconds: v.StallTimeout.Seconds(),
+	}
+	if v.Reap {
+		d.Decision, d.Reason = DecisionReap, reapReason
+	}
+	if snap != nil {
+		d.Type, d.Queue, d.Generation, d.Worker = snap.Type, snap.Queue, snap.Generation, snap.Worker
+	}
+	// A job judged twice in one pass (the lost-task check before a cycle's
+	// reap looks its task up again) keeps its last decision.
+	if i, ok := res.decided[id]; ok {
+		res.Decisions[i] = d
+		return
+	}
+	if res.decided == nil {
+		res.decided = map[string]int{}
+	}
+	res.decided[id] = len(res.Decisions)
+	res.Decisions = append(res.Decisions, d)
+}
+
+// skipped returns v as a skip for reason, keeping its measurements: a
+// stalled job the lost-task check leaves alone.
+func (v Verdict) skipped(reason SkipReason) Verdict {
+	v.Reap, v.Skip = false, reason
+	return v
+}
+
+// wouldReap counts, in a dry run, the jobs a real pass would try to reap
+// with reason (their compare-and-set may still find some changed).
+func (r *Reaper) wouldReap(stalled []jobs.Snapshot, reason string, res *Result) {
+	for _, sn := range stalled {
+		res.Reaped++
+		res.ReapedBy[reason]++
+		res.reapedSeries[reapSeries{reason, sn.Type, sn.Queue}]++
+	}
+}
