@@ -96,6 +96,18 @@ lines:
 	return sum
 }
 
+// readyz returns the status code of GET /readyz.
+func (r *replica) readyz(t *testing.T) int {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := client.Get("http://" + r.addr + "/readyz")
+	if err != nil {
+		t.Fatalf("GET %s/readyz: %v", r.name, err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
 func (r *replica) leads(t *testing.T) bool { return r.metric(t, "jobreaper_leader") == 1 }
 
 func (r *replica) passes(t *testing.T) float64 { return r.metric(t, "jobreaper_passes_total") }
@@ -128,6 +140,10 @@ func TestLeaderLeaseOneReplicaRunsPasses(t *testing.T) {
 	})
 	if n := b.passes(t); n != 0 {
 		t.Fatalf("B, a follower, ran %v passes", n)
+	}
+	// A follower is ready: it could run passes.
+	if code := b.readyz(t); code != http.StatusOK {
+		t.Fatalf("the follower's /readyz = %d, want 200", code)
 	}
 
 	a.signal(t, syscall.SIGSTOP)
