@@ -120,6 +120,41 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		}
 	})
 
+	t.Run("ReaperRoleTakesChecksAndReleasesItsLeaderLease", func(t *testing.T) {
+		pool, err := jobs.Connect(ctx, roleURL(t, db, reaperRole), db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		holder := jobs.NewLeaderLeaseHolder(time.Now())
+		key := jobs.LeaderLeaseKey([]string{"default"})
+		store := jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithLeaderLease(key, holder.ID))
+		st, err := store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: key, Holder: holder, TTL: time.Minute})
+		if err != nil || !st.Held {
+			t.Fatalf("taking the leader lease as the reaper role: %+v, %v", st, err)
+		}
+		if st, err = store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: key, Holder: holder, TTL: time.Minute}); err != nil || !st.Held {
+			t.Fatalf("renewing it: %+v, %v", st, err)
+		}
+		// A reap transaction ends with the leader lease check.
+		id := unique("Jlead")
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: "default",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		sn, err := store.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := store.ReapBatch(ctx, jobs.ReapBatchParams{Reason: jobs.ReasonStalled,
+			Rule:       jobs.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute, DefaultHardTimeout: jobs.HardTimeoutDefault},
+			Candidates: []jobs.ReapCandidate{{JobID: id, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}}})
+		if err != nil || len(out.Reaped) != 1 {
+			t.Fatalf("a reap with the leader lease check as the reaper role: %+v, %v", out, err)
+		}
+		if err := store.ReleaseLeaderLease(ctx, key, holder.ID); err != nil {
+			t.Fatalf("releasing it: %v", err)
+		}
+	})
+
 	t.Run("WorkerRoleInsertsClaimsHeartbeatsAdvancesAndCompletes", func(t *testing.T) {
 		pool, err := jobs.Connect(ctx, roleURL(t, db, workerRole), db.Schema)
 		if err != nil {

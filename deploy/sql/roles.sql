@@ -56,6 +56,10 @@ GRANT UPDATE (status, failure_reason, finished_at, marker_set_at)
 -- The reaped event of each reap (id is a bigserial).
 GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"reaper_role";
 GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
+-- The leader lease of its queue set: take or renew it (INSERT ... ON
+-- CONFLICT DO UPDATE), check it before each reap's COMMIT, release it on a
+-- clean exit (DELETE of its own row).
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".leader_leases TO :"reaper_role";
 
 -- Worker -----------------------------------------------------------------
 -- Reading the row (the guard, Enqueue, the outcome mapping, late-result
@@ -81,7 +85,12 @@ GRANT INSERT (job_id, token, generation, expected_cursor, count, cursor_after),
       UPDATE (generation, expected_cursor, count, cursor_after, at)
    ON :"schema".job_batches TO :"worker_role";
 
--- Not granted, on purpose: DELETE on any table (a product that deletes
+-- The operator commands (inspect, cancel, prune, requeue) are an
+-- operator's acts: run them as the owner, or give an operator role what
+-- they write (cancel: the reaper's grants plus its cascades; prune: DELETE
+-- on job_events and job_batches).
+--
+-- Not granted, on purpose: DELETE on any other table (a product that deletes
 -- job rows needs DELETE on jobs, and the delete trigger then needs INSERT
 -- and UPDATE on job_past_lives: grant those to the role that deletes);
 -- TRUNCATE; any write to job_types (registering a type is a deploy step,
