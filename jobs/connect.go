@@ -69,6 +69,9 @@ func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, er
 // and errors. A string that does not parse as a URL is returned as
 // "<unparseable URL>" since it may hold a password in another form.
 func RedactURL(rawURL string) string {
+	if !strings.Contains(rawURL, "://") && keywordDSN.MatchString(rawURL) {
+		return redactKeywordDSN(rawURL)
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme == "" {
 		return "<unparseable URL>"
@@ -100,3 +103,18 @@ func (e *redactedError) Error() string {
 }
 
 func (e *redactedError) Unwrap() error { return e.err }
+
+// keywordDSN matches PostgreSQL's keyword/value connection strings
+// ("host=db user=app password=... dbname=app"), which pgx accepts as well
+// as URLs: one or more key=value pairs separated by spaces.
+var keywordDSN = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+
+// dsnPassword matches the password of a keyword/value string: a quoted
+// value (with \' and \\ escapes, as libpq reads it) or a bare word.
+var dsnPassword = regexp.MustCompile(`(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'?|\S*)`)
+
+// redactKeywordDSN returns a keyword/value connection string with its
+// password's value replaced by xxxxx.
+func redactKeywordDSN(dsn string) string {
+	return dsnPassword.ReplaceAllString(dsn, "password=xxxxx")
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -59,6 +60,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, e
 	if _, err := lockTx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, migrateLockID(schema)); err != nil {
 		return nil, fmt.Errorf("jobs.Migrate: waiting for the migration lock of schema %q: %w", schema, err)
 	}
+	// A schema already at this binary's version needs nothing, not even
+	// CREATE SCHEMA IF NOT EXISTS, which PostgreSQL refuses to a role
+	// without CREATE on the database although the schema exists: so the
+	// daemon's least-privilege role may run migrate at every start (the
+	// systemd unit's ExecStartPre, the Kubernetes init container).
+	if schemaCurrent(ctx, lockTx, schema) {
+		if err := lockTx.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("jobs.Migrate: releasing the migration lock of schema %q: %w", schema, err)
+		}
+		return []int64{}, nil
+	}
 	// Checked under the lock and before anything is created, so a refused
 	// run leaves no schema and no version table behind.
 	if err := checkConflicts(ctx, lockTx, schema); err != nil {
@@ -67,7 +79,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, e
 	// Created after the lock: two concurrent CREATE SCHEMA IF NOT EXISTS
 	// can both try to insert it, and one fails.
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("jobs.Migrate: creating schema %q: %w", schema, err)
+		return nil, fmt.Errorf("jobs.Migrate: creating schema %q: %w%s", schema, err, privilegeHint(err))
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
@@ -77,7 +89,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, e
 	}
 	results, err := provider.Up(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("jobs.Migrate: applying migrations to schema %q: %w", schema, err)
+		return nil, fmt.Errorf("jobs.Migrate: applying migrations to schema %q: %w%s", schema, err, privilegeHint(err))
 	}
 	if err := lockTx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("jobs.Migrate: releasing the migration lock of schema %q: %w", schema, err)
@@ -209,4 +221,28 @@ func CheckMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error
 		return fmt.Errorf("jobs.CheckMigrated: %w", err)
 	}
 	return nil
+}
+
+// privilegeHint says, for PostgreSQL's insufficient_privilege (42501), that
+// migrations need a role that may create objects: the role that owns
+// jobreaper's tables, not the daemon's or the workers' least-privilege
+// roles (deploy/sql/roles.sql), which only run statements.
+func privilegeHint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return " (migrate needs a role that may create in the database and the schema, such as the owner of jobreaper's tables; the reaper and worker roles of deploy/sql/roles.sql cannot migrate)"
+	}
+	return ""
+}
+
+// schemaCurrent reports whether schema holds jobreaper's tables at this
+// binary's version. It reads inside a savepoint of tx, so that a failed
+// read leaves tx usable.
+func schemaCurrent(ctx context.Context, tx pgx.Tx, schema string) bool {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = sp.Rollback(ctx) }()
+	return checkSchema(ctx, sp, schema) == nil
 }

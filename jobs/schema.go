@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,6 +56,17 @@ func checkSchema(ctx context.Context, q rowQuerier, schema string) error {
 	}
 	fix := fmt.Sprintf("run `jobreaper migrate --schema %s` with the same database URL, or correct the schema name", schema)
 	switch {
+	case slices.Contains(missing, SchemaVersionTable) && len(missing) < len(want):
+		// Tables of jobreaper's names without its version table are a
+		// product's own (a jobs table, typically): migrate refuses them.
+		var found []string
+		for _, t := range want {
+			if !slices.Contains(missing, t) {
+				found = append(found, t)
+			}
+		}
+		return fmt.Errorf("schema %q holds tables named like jobreaper's (%s) that jobreaper did not create; give jobreaper a schema of its own: run `jobreaper migrate --schema jobreaper` and start with --schema jobreaper (JOBREAPER_SCHEMA): %w",
+			schema, strings.Join(found, ", "), ErrNotMigrated)
 	case len(missing) == len(want):
 		return fmt.Errorf("schema %q has no jobreaper tables (this binary ships version %d); %s: %w", schema, latest, fix, ErrNotMigrated)
 	case len(missing) > 0:
