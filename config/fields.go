@@ -34,7 +34,7 @@ type setting struct {
 // settings lists, in help order, every Config field except Cascades.
 var settings = []setting{
 	{key: "database_url", secret: true, usage: "PostgreSQL URL, e.g. postgres://user:password@host:5432/db (required; passwords never appear in logs or errors)"},
-	{key: "redis_url", secret: true, usage: "Redis URL of the asynq queues, with its scheme: redis://[:password@]host:port/db, rediss:// for TLS"},
+	{key: "redis_url", secret: true, usage: "Redis URL of the asynq queues, with its scheme: redis://[:password@]host:port/db, rediss:// for TLS; Sentinel: ?master_name=NAME&addr=SENTINEL2; Cluster: ?addr=NODE2&addr=NODE3"},
 	{key: "redis_ca_file", usage: "PEM file of the CAs that sign the Redis server's certificate, for rediss:// (default: the system's roots)"},
 	{key: "schema", usage: "PostgreSQL schema of jobreaper's tables"},
 	{key: "queues", usage: "asynq queues to scan, comma-separated; empty scans every queue asynq knows, rediscovered at each pass"},

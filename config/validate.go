@@ -205,7 +205,21 @@ func (v *validator) redisURL(raw string) {
 		v.addf("redis_url", "redis_url %s is not a valid URL: use redis://[:password@]host:port/db", jobs.RedactURL(raw))
 		return
 	}
-	if _, err := redis.ParseURL(raw); err != nil {
+	// The three forms of queue.NewRedisClient: Sentinel (master_name),
+	// Cluster (more nodes as addr=), else one server.
+	var perr error
+	switch q := u.Query(); {
+	case q.Has("password"), q.Has("sentinel_password"):
+		v.addf("redis_url", "redis_url %s carries a password as a query parameter, which would be printed in full: put it in the user information (redis://:PASSWORD@host)", jobs.RedactURL(raw))
+		return
+	case q.Has("master_name"):
+		_, perr = redis.ParseFailoverURL(raw)
+	case q.Has("addr"):
+		_, perr = redis.ParseClusterURL(raw)
+	default:
+		_, perr = redis.ParseURL(raw)
+	}
+	if err := perr; err != nil {
 		reason := err.Error()
 		if pw, ok := u.User.Password(); ok && pw != "" {
 			reason = strings.ReplaceAll(reason, pw, "xxxxx")

@@ -74,7 +74,7 @@ func (l leaderSetup) storeOptions() []jobs.StoreOption {
 
 // fleetOptions sets the reaper options of the leader lease and cancel on
 // reap.
-func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb *redis.Client, cfg config.Config, log *slog.Logger) {
+func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) {
 	if l.on {
 		settings := reaper.NewSettings(cfg.Interval, cfg.HeartbeatInterval, cfg.StallTimeout, cfg.Queues, cfg.Cascades)
 		opts.LeaderLease = reaper.NewLeaderLease(store, cfg.Queues, l.holder, cfg.Interval, settings, log, m.metrics)

@@ -24,7 +24,7 @@ import (
 // opsDeps are what an operator command works with; close releases them.
 type opsDeps struct {
 	store   *jobs.Store
-	rdb     *redis.Client // nil for commands that use only PostgreSQL
+	rdb     redis.UniversalClient // nil for commands that use only PostgreSQL
 	markers *queue.MarkerStore
 	close   func()
 }

@@ -24,7 +24,7 @@ const readyCheckEvery = 2 * time.Second
 // says whether this replica could run passes, not whether it runs them.
 type readiness struct {
 	pool      *pgxpool.Pool
-	rdb       *redis.Client
+	rdb       redis.UniversalClient
 	opTimeout time.Duration
 	log       *slog.Logger
 
@@ -38,7 +38,7 @@ type readiness struct {
 // startReadiness checks both dependencies once, then every
 // readyCheckEvery in the background until ctx is done; wait for it with
 // stop.
-func startReadiness(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, opTimeout time.Duration, log *slog.Logger) *readiness {
+func startReadiness(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opTimeout time.Duration, log *slog.Logger) *readiness {
 	r := &readiness{pool: pool, rdb: rdb, opTimeout: opTimeout, log: log.With("component", "readyz"), stopped: make(chan struct{})}
 	r.check(ctx)
 	go func() {

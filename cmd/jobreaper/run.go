@@ -113,7 +113,7 @@ func (a *app) printJSONError(err error) {
 type deps struct {
 	reaper *reaper.Reaper
 	pool   *pgxpool.Pool
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	close  func()
 }
 
@@ -334,7 +334,7 @@ func queuesAttr(queues []string) string {
 // newLister returns the lister cfg.Lister names. The Inspector shares rdb
 // and is not closed itself: asynq refuses to close a shared connection;
 // closing rdb is enough.
-func newLister(cfg config.Config, rdb *redis.Client) (reaper.Lister, error) {
+func newLister(cfg config.Config, rdb redis.UniversalClient) (reaper.Lister, error) {
 	if cfg.Lister == config.ListerInspector {
 		return queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), queue.WithPageSize(cfg.PageSize))
 	}

@@ -1,38 +1,31 @@
 package main
 
 import (
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/jobreaper/jobreaper/config"
 )
 
-// applyRedisCA makes opts, parsed from a rediss:// URL, trust only the
-// certificate authorities of cfg.RedisCAFile. Without a CA file it leaves
-// opts alone (go-redis then trusts the system's roots). Errors, exit code
-// 2, name the file: unreadable, or holding no PEM certificate.
-func applyRedisCA(opts *redis.Options, cfg config.Config) error {
+// redisRoots returns the certificate authorities of cfg.RedisCAFile, to
+// trust for a rediss:// URL; nil without a CA file (go-redis then trusts
+// the system's roots). Errors, exit code 2, name the file: unreadable, or
+// holding no PEM certificate.
+func redisRoots(cfg config.Config) (*x509.CertPool, error) {
 	if cfg.RedisCAFile == "" {
-		return nil
+		return nil, nil
 	}
 	pem, err := os.ReadFile(cfg.RedisCAFile)
 	if err != nil {
-		return cannotRun("cannot read redis_ca_file %s: %v; check --redis-ca-file (JOBREAPER_REDIS_CA_FILE)", cfg.RedisCAFile, errors.Unwrap(err))
+		return nil, cannotRun("cannot read redis_ca_file %s: %v; check --redis-ca-file (JOBREAPER_REDIS_CA_FILE)", cfg.RedisCAFile, errors.Unwrap(err))
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return cannotRun("redis_ca_file %s holds no PEM certificate; check --redis-ca-file (JOBREAPER_REDIS_CA_FILE)", cfg.RedisCAFile)
+		return nil, cannotRun("redis_ca_file %s holds no PEM certificate; check --redis-ca-file (JOBREAPER_REDIS_CA_FILE)", cfg.RedisCAFile)
 	}
-	if opts.TLSConfig == nil { // Validate refuses a CA file without rediss://
-		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	opts.TLSConfig.RootCAs = pool
-	return nil
+	return pool, nil
 }
 
 // tlsHint says what to check when err is a failed verification of the

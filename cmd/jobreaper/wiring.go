@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // loadConfig loads and validates the configuration of cmd. With keys, only
@@ -142,29 +144,28 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config)
 // connectRedis opens a client to cfg's Redis and pings it. Every command
 // is bounded by OpTimeout: the asynq Inspector takes no context, so the
 // client's own timeouts are what bound its calls.
-func connectRedis(ctx context.Context, cfg config.Config) (*redis.Client, error) {
+func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient, error) {
 	redisLogOnce.Do(func() { redis.SetLogger(redisLog{}) })
-	opts, err := redis.ParseURL(cfg.RedisURL)
-	if err != nil { // Validate parsed it already; kept for safety
-		return nil, cannotRun("redis_url %s is not a valid Redis URL; check --redis-url (JOBREAPER_REDIS_URL)", jobs.RedactURL(cfg.RedisURL))
-	}
-	if err := applyRedisCA(opts, cfg); err != nil {
+	roots, err := redisRoots(cfg)
+	if err != nil {
 		return nil, err
 	}
-	opts.DialTimeout = cfg.OpTimeout
-	opts.ReadTimeout = cfg.OpTimeout
-	opts.WriteTimeout = cfg.OpTimeout
-	// Without this go-redis ignores context deadlines, and the per-call
-	// timeouts of queue.MarkerStore would not bound a hung Redis.
-	opts.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opts)
+	// Without ContextTimeoutEnabled (which NewRedisClient sets) go-redis
+	// ignores context deadlines, and the per-call timeouts of
+	// queue.MarkerStore would not bound a hung Redis.
+	rdb, _, err := queue.NewRedisClient(cfg.RedisURL, queue.RedisClientOptions{RootCAs: roots, OpTimeout: cfg.OpTimeout})
+	if err != nil { // Validate parsed it already; kept for safety
+		return nil, cannotRun("%v; check --redis-url (JOBREAPER_REDIS_URL)", err)
+	}
 	pctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
 		reason := err.Error()
-		if opts.Password != "" {
-			reason = strings.ReplaceAll(reason, opts.Password, "xxxxx")
+		if u, perr := url.Parse(cfg.RedisURL); perr == nil {
+			if pw, ok := u.User.Password(); ok && pw != "" {
+				reason = strings.ReplaceAll(reason, pw, "xxxxx")
+			}
 		}
 		if hint := tlsHint(err, "--redis-ca-file (JOBREAPER_REDIS_CA_FILE)"); hint != "" {
 			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", jobs.RedactURL(cfg.RedisURL), reason, hint)
