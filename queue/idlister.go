@@ -25,23 +25,34 @@ func asynqActiveKey(queue string) string { return "asynq:{" + queue + "}:active"
 // of task ID is asynqTaskKeyPrefix(queue) + ID.
 func asynqTaskKeyPrefix(queue string) string { return "asynq:{" + queue + "}:t:" }
 
+// asynqLeaseKey is the sorted set of queue's active task IDs by the expiry
+// of their lease; asynq's dequeue adds an ID to it in the same step that
+// moves the ID to the active list, and every step that takes an ID off the
+// list removes it.
+func asynqLeaseKey(queue string) string { return "asynq:{" + queue + "}:lease" }
+
 // listChunkScript reads one chunk of an active list and, in the same step,
 // which of its IDs have no task hash any more (asynq lists those with an
-// empty ID). All keys share the queue's hash tag, as in asynq's own
-// scripts, so it runs on Redis Cluster too.
+// empty ID) and which have no lease (asynq never recovers those). All keys
+// share the queue's hash tag, as in asynq's own scripts, so it runs on
+// Redis Cluster too.
 //
-// KEYS[1] active list; ARGV[1] first index; ARGV[2] last index; ARGV[3]
-// task key prefix. Returns {ids, gone}: the chunk's entries in list order,
-// and the entries among them whose task hash is missing.
+// KEYS[1] active list; KEYS[2] lease set; ARGV[1] first index; ARGV[2]
+// last index; ARGV[3] task key prefix. Returns {ids, gone, noLease}: the
+// chunk's entries in list order, the entries among them whose task hash is
+// missing, and those whose hash is there but that have no lease.
 var listChunkScript = redis.NewScript(`
 local ids = redis.call("LRANGE", KEYS[1], ARGV[1], ARGV[2])
 local gone = {}
+local nolease = {}
 for _, id in ipairs(ids) do
   if redis.call("EXISTS", ARGV[3] .. id) == 0 then
     gone[#gone + 1] = id
+  elseif not redis.call("ZSCORE", KEYS[2], id) then
+    nolease[#nolease + 1] = id
   end
 end
-return {ids, gone}
+return {ids, gone, nolease}
 `)
 
 // IDLister implements ActiveLister by reading asynq's active lists
@@ -92,7 +103,8 @@ func (l *IDLister) Queues(ctx context.Context) ([]string, error) {
 // If the last chunk came back full (the list grew meanwhile), it reads on
 // until a chunk is short. IDs are returned sorted, each once; entries
 // whose task hash is gone are counted in EmptyIDs (as the Inspector
-// counts them) and named in Broken.
+// counts them) and named in Broken; entries without a lease are named in
+// NoLease; neither kind is in IDs.
 //
 // The list can move between two chunks (asynq pushes new tasks at its
 // head), so a task that started or finished meanwhile may be missed; it is
@@ -128,7 +140,7 @@ func (l *IDLister) ListActive(ctx context.Context, queue string) (ActiveTasks, e
 		if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range cmds {
 				first := start + i*l.chunk
-				cmds[i] = listChunkScript.Eval(ctx, p, []string{active}, first, first+l.chunk-1, prefix)
+				cmds[i] = listChunkScript.Eval(ctx, p, []string{active, asynqLeaseKey(queue)}, first, first+l.chunk-1, prefix)
 			}
 			return nil
 		}); err != nil {
@@ -136,12 +148,13 @@ func (l *IDLister) ListActive(ctx context.Context, queue string) (ActiveTasks, e
 		}
 		full := false
 		for _, c := range cmds {
-			ids, gone, err := chunkReply(c)
+			ids, gone, noLease, err := chunkReply(c)
 			if err != nil {
 				return fail(err)
 			}
 			out.IDs = append(out.IDs, ids...)
 			out.Broken = append(out.Broken, gone...)
+			out.NoLease = append(out.NoLease, noLease...)
 			full = len(ids) == l.chunk
 		}
 		if !full {
@@ -150,7 +163,9 @@ func (l *IDLister) ListActive(ctx context.Context, queue string) (ActiveTasks, e
 		start += chunks * l.chunk
 		n = start + l.chunk
 	}
-	out.IDs = withoutBroken(out.IDs, out.Broken)
+	out.IDs = withoutBroken(withoutBroken(out.IDs, out.Broken), out.NoLease)
+	slices.Sort(out.NoLease)
+	out.NoLease = slices.Compact(out.NoLease)
 	slices.Sort(out.IDs)
 	out.IDs = slices.Compact(out.IDs)
 	out.EmptyIDs = len(out.Broken)
@@ -159,19 +174,21 @@ func (l *IDLister) ListActive(ctx context.Context, queue string) (ActiveTasks, e
 	return out, nil
 }
 
-// chunkReply decodes listChunkScript's {ids, gone}.
-func chunkReply(c *redis.Cmd) (ids, gone []string, err error) {
+// chunkReply decodes listChunkScript's {ids, gone, noLease}.
+func chunkReply(c *redis.Cmd) (ids, gone, noLease []string, err error) {
 	v, err := c.Slice()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	if len(v) != 2 {
-		return nil, nil, errors.New("unexpected reply of the list script")
+	if len(v) != 3 {
+		return nil, nil, nil, errors.New("unexpected reply of the list script")
 	}
 	if ids, err = stringSlice(v[0]); err == nil {
-		gone, err = stringSlice(v[1])
+		if gone, err = stringSlice(v[1]); err == nil {
+			noLease, err = stringSlice(v[2])
+		}
 	}
-	return ids, gone, err
+	return ids, gone, noLease, err
 }
 
 func stringSlice(v any) ([]string, error) {

@@ -191,3 +191,26 @@ func TestIDListerAgreesWithTheInspectorOverManyChunks(t *testing.T) {
 			len(got.IDs), len(fromInspector.IDs), got.EmptyIDs, fromInspector.EmptyIDs, len(want))
 	}
 }
+
+// An active entry whose task hash is there but that has no lease (asynq
+// never recovers it) is named in NoLease and left out of IDs.
+func TestIDListerNamesActiveEntriesWithoutALease(t *testing.T) {
+	t.Parallel()
+	b := setupLister(t)
+	b.runActive(t, "leased", "unleased")
+	lease := "asynq:{" + b.queue + "}:lease"
+	if n, err := b.rc.ZRem(t.Context(), lease, "unleased").Result(); err != nil || n != 1 {
+		t.Fatalf("removing the lease: %d, %v", n, err)
+	}
+	l, err := NewIDLister(b.rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.ListActive(t.Context(), b.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.IDs, []string{"leased"}) || !slices.Equal(got.NoLease, []string{"unleased"}) || got.EmptyIDs != 0 {
+		t.Fatalf("ListActive = %+v; want IDs [leased], NoLease [unleased]", got)
+	}
+}

@@ -30,6 +30,11 @@ type ActiveTasks struct {
 	// the raw list, which still holds the ID; the Inspector cannot), sorted,
 	// each once, for reconciling them. Their IDs are not in IDs.
 	Broken []string
+	// NoLease names the active entries whose task hash is there but that
+	// have no lease: asynq never recovers them. They are not in IDs (their
+	// jobs are judged by the lost-task search, as if the task were gone);
+	// only IDLister can tell.
+	NoLease []string
 	// NotFound is true when asynq has never seen the queue (it is not in
 	// asynq:queues); IDs is then empty. The reaper warns and counts it,
 	// since the configured name may be a typo.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -285,5 +287,52 @@ func TestCase_B29_WrongRedisLooksLikeAMassLoss(t *testing.T) {
 	}
 	if got := o.db.Count(t, `SELECT count(*) FROM jobs WHERE status = 'FAILED' AND failure_reason = 'lost_task' AND id LIKE ANY ('{m29-%,f29-%}')`); got != 303 {
 		t.Fatalf("%d lost_task rows, want 303", got)
+	}
+}
+
+// Broken active entries (item 8 of the reconcile work): one whose task
+// hash is gone, one without a lease. Both are counted per queue
+// (broken_active, jobreaper_broken_active_entries{queue}), never written
+// to, and their stalled jobs are reaped as lost_task while a live server
+// serves the queue; the sound active entry's stalled job is reaped as
+// stalled.
+func TestBrokenActiveEntriesAreCountedAndTheirStalledJobsReapedAsLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOwnRedis(t)
+	q := "b8"
+	ids := []string{"J-ok", "J-nohash", "J-nolease"}
+	if err := queuetest.MakeActive(ctx, o.rc, q, "report.export", ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.rc.Del(ctx, "asynq:{"+q+"}:t:J-nohash").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.rc.ZRem(ctx, "asynq:{"+q+"}:lease", "J-nolease").Err(); err != nil {
+		t.Fatal(err)
+	}
+	stalledRows(t, o.db, q, time.Hour, ids...)
+	serve(t, o.rc, []string{q}, func(context.Context, *asynq.Task) error { return nil }, asynq.Config{})
+	waitLive(t, o.rc, q)
+	before, err := o.rc.LRange(ctx, "asynq:{"+q+"}:active", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once = true }).RunOnce(ctx)
+	if err != nil || res.BrokenActive != 2 || res.Scanned != 3 || res.ReapedBy["stalled"] != 1 || res.ReapedBy["lost_task"] != 2 {
+		t.Fatalf("pass = %+v, %v; want 2 broken entries, J-ok stalled, the other two lost_task", res, err)
+	}
+	if got := metricValue(t, o.reg, "jobreaper_broken_active_entries", map[string]string{"queue": q}); got != 2 {
+		t.Fatalf("jobreaper_broken_active_entries{queue=%s} = %v, want 2", q, got)
+	}
+	for id, reason := range map[string]string{"J-ok": jobs.ReasonStalled, "J-nohash": jobs.ReasonLostTask, "J-nolease": jobs.ReasonLostTask} {
+		if row := o.db.Read(t, id); row.Status != jobs.StatusFailed || row.FailureReason != reason {
+			t.Fatalf("%s = %+v, want FAILED %s", id, row, reason)
+		}
+	}
+	after, err := o.rc.LRange(ctx, "asynq:{"+q+"}:active", 0, -1).Result()
+	if err != nil || !slices.Equal(after, before) {
+		t.Fatalf("asynq's active list changed: %v -> %v (%v); jobreaper never writes asynq's keys", before, after, err)
 	}
 }

@@ -74,7 +74,10 @@ type lostState struct {
 // finds no more than that many: otherwise none is reaped that cycle (see
 // endCycle). Rows without a queue are never considered; they are counted
 // as no_queue.
-func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time.Time, res *Result) {
+//
+// A job whose active entry has no lease (noLease) is judged as lost: its
+// task hash says active, but asynq will never run nor recover it.
+func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease map[string]bool, now time.Time, res *Result) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -97,7 +100,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
 			return
 		}
-		lost, ok := r.judgeLost(ctx, state, cands, live, now, held, res)
+		lost, ok := r.judgeLost(ctx, state, cands, live, noLease, now, held, res)
 		if !ok {
 			return
 		}
@@ -114,7 +117,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 			}
 		}
 		if len(cands) < jobs.LostCandidatesLimitDefault {
-			r.endCycle(ctx, state, now, res)
+			r.endCycle(ctx, state, noLease, now, res)
 			return
 		}
 		if !r.opts.Once {
@@ -128,7 +131,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, now time
 // (awaiting_retry) or held (lost_held, collected by queue in held). It
 // returns false when the lookup failed (an error of the pass).
 func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live func() (map[string]bool, error),
-	now time.Time, held map[string][]string, res *Result) ([]jobs.Snapshot, bool) {
+	noLease map[string]bool, now time.Time, held map[string][]string, res *Result) ([]jobs.Snapshot, bool) {
 	var (
 		judged   []jobs.Snapshot
 		verdicts []Verdict
@@ -163,10 +166,10 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	var lost []jobs.Snapshot
 	for i, snap := range judged {
 		st := statuses[i]
-		if st == queue.TaskActive {
+		if st == queue.TaskActive && !noLease[snap.ID] {
 			continue // started since the listing: the next pass judges it
 		}
-		if st.WillRun() && st != queue.TaskQueueNotFound {
+		if st.WillRun() && st != queue.TaskQueueNotFound && st != queue.TaskActive {
 			r.decided(res, snap.ID, &snap, verdicts[i].skipped(SkipAwaitingRetry), "")
 			res.skip(SkipAwaitingRetry, 1)
 			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", st)
@@ -198,7 +201,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 // jobreaper_lost_limit_tripped_total. Before they are reaped their tasks
 // are looked up once more, so that one asynq was given back meanwhile is
 // left to run.
-func (r *Reaper) endCycle(ctx context.Context, state AsynqState, now time.Time, res *Result) {
+func (r *Reaper) endCycle(ctx context.Context, state AsynqState, noLease map[string]bool, now time.Time, res *Result) {
 	st := &r.lost
 	found, over := st.found, st.over
 	st.cursor, st.found, st.over = jobs.LostCursor{}, nil, false
@@ -217,7 +220,7 @@ func (r *Reaper) endCycle(ctx context.Context, state AsynqState, now time.Time, 
 	if len(found) == 0 {
 		return
 	}
-	lost, ok := r.judgeLost(ctx, state, found, liveOnce(ctx, state), now, map[string][]string{}, res)
+	lost, ok := r.judgeLost(ctx, state, found, liveOnce(ctx, state), noLease, now, map[string][]string{}, res)
 	if !ok {
 		return
 	}

@@ -305,11 +305,11 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	}
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
-	ids, listed := r.listActive(ctx, queues, &res)
+	ids, listed, noLease := r.listActive(ctx, queues, &res)
 	r.reapActive(ctx, ids, now, &res)
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
-	r.reapLost(ctx, listed, ids, now, &res)
+	r.reapLost(ctx, listed, ids, noLease, now, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
 	return res, nil
@@ -346,9 +346,12 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) 
 }
 
 // listActive lists the active tasks of queues. It returns their IDs,
-// sorted and without duplicates, and the queues that were listed
-// completely (a queue asynq never saw counts as listed and empty).
-func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (ids, listed []string) {
+// sorted and without duplicates, the queues that were listed completely
+// (a queue asynq never saw counts as listed and empty), and the active
+// entries that have no lease (broken: asynq never recovers them), whose
+// jobs the lost-task search judges as if their task were gone.
+func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (ids, listed []string, noLease map[string]bool) {
+	noLease = map[string]bool{}
 	broken := map[string]int{}
 	defer func() { r.opts.Metrics.brokenActiveCounts(broken) }()
 	for _, q := range queues {
@@ -358,8 +361,17 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 			continue
 		}
 		listed = append(listed, q)
-		broken[q] = tasks.EmptyIDs
-		res.BrokenActive += tasks.EmptyIDs
+		broken[q] = tasks.EmptyIDs + len(tasks.NoLease)
+		res.BrokenActive += tasks.EmptyIDs + len(tasks.NoLease)
+		res.Scanned += len(tasks.NoLease)
+		if len(tasks.NoLease) > 0 {
+			r.log.Warn("broken active entries: they have no lease, so asynq never recovers them; "+
+				"jobreaper does not write asynq's keys, and reaps their stalled jobs as lost_task",
+				"queue", q, "count", len(tasks.NoLease), "task_ids", brokenSample(tasks.NoLease))
+			for _, id := range tasks.NoLease {
+				noLease[id] = true
+			}
+		}
 		if tasks.NotFound {
 			r.opts.Metrics.queueMissing(q)
 			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
@@ -380,7 +392,7 @@ func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (
 	// Sorted and compacted rather than deduplicated through a map: the ID
 	// list is the one thing a pass holds in proportion to the active tasks.
 	slices.Sort(ids)
-	return slices.Compact(ids), listed
+	return slices.Compact(ids), listed, noLease
 }
 
 // union returns the sorted union of a and b, each name once.
