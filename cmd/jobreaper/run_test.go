@@ -21,6 +21,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // onceArgs returns run --once's arguments against db and the test Redis,
@@ -232,23 +233,18 @@ func TestCase_B15_DaemonRefusesStallTimeoutBelowTwoHeartbeatsPlusInterval(t *tes
 }
 
 // activeTask enqueues a task with ID id on queue in the test Redis and
-// moves it to asynq's active list, as a worker's dequeue would, without
-// running any handler.
+// moves it to asynq's active list, as a worker's dequeue would (state
+// active, a lease), without running any handler.
 func activeTask(t *testing.T, id, q string) {
 	t.Helper()
 	rdb := realRedis(t)
-	client := asynq.NewClientFromRedisClient(rdb)
-	if _, err := client.Enqueue(asynq.NewTask("report.export", nil), asynq.TaskID(id), asynq.Queue(q)); err != nil {
-		t.Fatalf("enqueueing %s: %v", id, err)
-	}
-	ctx := t.Context()
-	if err := rdb.LMove(ctx, "asynq:{"+q+"}:pending", "asynq:{"+q+"}:active", "RIGHT", "LEFT").Err(); err != nil {
-		t.Fatalf("moving %s to active: %v", id, err)
+	if err := queuetest.MakeActive(t.Context(), rdb, q, "report.export", []string{id}); err != nil {
+		t.Fatalf("making %s active: %v", id, err)
 	}
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	t.Cleanup(func() {
 		ctx := context.WithoutCancel(t.Context())
-		rdb.Del(ctx, "asynq:{"+q+"}:active", "asynq:{"+q+"}:t:"+id)
+		rdb.Del(ctx, "asynq:{"+q+"}:active", "asynq:{"+q+"}:lease", "asynq:{"+q+"}:t:"+id)
 		_ = insp.DeleteQueue(q, true)
 		rdb.SRem(ctx, "asynq:queues", q)
 	})

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // testCA is a throwaway certificate authority and a server certificate it
@@ -197,10 +197,8 @@ func TestTLSPostgresAndRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("report.export", nil), asynq.TaskID(id), asynq.Queue(q)); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.LMove(ctx, "asynq:{"+q+"}:pending", "asynq:{"+q+"}:active", "RIGHT", "LEFT").Err(); err != nil {
+	// Active as a worker's dequeue makes it: state active, with a lease.
+	if err := queuetest.MakeActive(ctx, rdb, q, "report.export", []string{id}); err != nil {
 		t.Fatal(err)
 	}
 
