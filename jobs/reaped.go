@@ -9,9 +9,10 @@ import (
 )
 
 // MarkerReasons are the failure reasons whose jobs have a marker: the
-// reaper's stalled and lost_task, and cancelled (a reap asked to cancel
-// the running handler). Marker re-assertion covers exactly these.
-var MarkerReasons = []string{ReasonStalled, ReasonLostTask, "cancelled"}
+// reaper's stalled and lost_task, and an operator's cancelled (jobreaper
+// cancel). Marker re-assertion covers exactly these; reapedSQL and the
+// index jobs_reaped_window_idx name the same three.
+var MarkerReasons = []string{ReasonStalled, ReasonLostTask, ReasonCancelled}
 
 // Reaped is a job reaped within the marker's lifetime, for marker
 // re-assertion.
