@@ -18,6 +18,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 	"github.com/jobreaper/jobreaper/queue/redistest"
 )
 
@@ -37,16 +38,15 @@ func topologyClient(t *testing.T, redisURL, want string) redis.UniversalClient {
 }
 
 // stalledActiveJob inserts a PROCESSING job past its limits and puts its
-// task in q's active list through rdb.
+// task in q's active list through rdb, as a worker's dequeue would.
 func stalledActiveJob(t *testing.T, db *jobstest.DB, rdb redis.UniversalClient, q, id string) {
 	t.Helper()
 	db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: q, Worker: "W1",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	if _, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("report.export", nil), asynq.TaskID(id), asynq.Queue(q)); err != nil {
-		t.Fatalf("enqueueing %s: %v", id, err)
-	}
-	if err := rdb.LMove(t.Context(), "asynq:{"+q+"}:pending", "asynq:{"+q+"}:active", "RIGHT", "LEFT").Err(); err != nil {
-		t.Fatalf("moving %s to active: %v", id, err)
+	// Active as asynq's dequeue makes it: state active, with a lease (an
+	// active entry without one is broken).
+	if err := queuetest.MakeActive(t.Context(), rdb, q, "report.export", []string{id}); err != nil {
+		t.Fatalf("making %s active: %v", id, err)
 	}
 }
 
