@@ -59,3 +59,12 @@ const (
 	SetTotalSQL       = setTotalSQL
 	RequeueSQL        = requeueSQL
 )
+
+// The reconciliation's statements whose plans TestReconcilePlansUseTheirIndexes checks.
+const (
+	ReapedSQL           = reapedSQL
+	ReapedCountSQL      = reapedCountSQL
+	StaleQueuedSQL      = staleQueuedSQL
+	ProcessingQueuesSQL = processingQueuesSQL
+	NoQueueSQL          = noQueueSQL
+)
