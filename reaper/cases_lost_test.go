@@ -268,15 +268,34 @@ func TestCase_B29_WrongRedisLooksLikeAMassLoss(t *testing.T) {
 		info, err := insp.GetTaskInfo("q29-active", "J29-active")
 		return err == nil && info.State == asynq.TaskStateActive
 	})
+	// A dry run says what the real pass will do: no lost_task reap.
+	res, err = o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass, opts.DryRun = true, 100, true }).RunOnce(ctx)
+	if err != nil || !res.LostLimitTripped || res.ReapedBy["lost_task"] != 0 {
+		t.Fatalf("dry run after the loss = %+v, %v; want the limit tripped and no lost_task reap", res, err)
+	}
+	held := 0
+	for _, d := range res.Decisions {
+		if d.Decision == reaper.DecisionReap && d.Reason == "lost_task" {
+			t.Fatalf("dry run decision %+v says reap lost_task although the limit holds every one back", d)
+		}
+		if d.Reason == string(reaper.SkipLostLimit) {
+			held++
+		}
+	}
+	if held != 303 {
+		t.Fatalf("%d dry-run decisions held by the limit, want 303", held)
+	}
+	requireUntouched(t, o.db, "q29", 300)
+
 	res, err = o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 100 }).RunOnce(ctx)
 	if err != nil || !res.LostLimitTripped || res.Errors == 0 || res.ReapedBy["lost_task"] != 0 || res.ReapedBy["stalled"] != 1 {
 		t.Fatalf("pass after the loss = %+v, %v; want the limit tripped, no lost_task reap, J29-active reaped as stalled", res, err)
 	}
-	if n := o.logs.count("Redis was flushed"); n != 1 {
-		t.Fatalf("%d errors naming the likely causes, want 1", n)
+	if n := o.logs.count("Redis was flushed"); n != 2 { // the dry run's and the real pass's
+		t.Fatalf("%d errors naming the likely causes, want 2 (one a pass)", n)
 	}
-	if got := metricValue(t, o.reg, "jobreaper_lost_limit_tripped_total", nil); got != 1 {
-		t.Fatalf("jobreaper_lost_limit_tripped_total = %v, want 1", got)
+	if got := metricValue(t, o.reg, "jobreaper_lost_limit_tripped_total", nil); got != 2 {
+		t.Fatalf("jobreaper_lost_limit_tripped_total = %v, want 2 (one a pass)", got)
 	}
 	requireUntouched(t, o.db, "q29", 300)
 

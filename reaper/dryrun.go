@@ -74,3 +74,22 @@ func (r *Reaper) wouldReap(stalled []jobs.Snapshot, reason string, res *Result) 
 		res.reapedSeries[reapSeries{reason, sn.Type, sn.Queue}]++
 	}
 }
+
+// SkipLostLimit: in a dry run's decisions, a job the lost-task search found
+// lost in a cycle that the mass-loss limit (Options.MaxLostPerPass)
+// stopped: a real pass reaps none of that cycle's jobs.
+const SkipLostLimit SkipReason = "lost_limit"
+
+// heldByLimit turns, in a dry run, the lost_task reaps decided in a cycle
+// the mass-loss limit stopped into skips (lost_limit), so that the
+// decisions say what a real pass does: it reaps none of them.
+func (r *Reaper) heldByLimit(res *Result) {
+	if !r.opts.DryRun {
+		return
+	}
+	for i, d := range res.Decisions {
+		if d.Decision == DecisionReap && d.Reason == jobs.ReasonLostTask {
+			res.Decisions[i].Decision, res.Decisions[i].Reason = DecisionSkip, string(SkipLostLimit)
+		}
+	}
+}

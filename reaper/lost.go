@@ -210,6 +210,7 @@ func (r *Reaper) endCycle(ctx context.Context, state AsynqState, noLease map[str
 	}
 	if over {
 		res.LostLimitTripped = true
+		r.heldByLimit(res)
 		r.opts.Metrics.lostLimitTrip()
 		r.failed(ctx, res, stageReap, "more stalled jobs than max_lost_per_pass would be reaped as lost_task in one cycle: none is reaped. "+
 			"Likely causes: Redis was flushed, restarted without persistence or restored from an old snapshot while workers kept running. "+
