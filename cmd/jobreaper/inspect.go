@@ -110,6 +110,11 @@ With --output json stdout is one JSON document. An unknown job exits 1.`,
 			defer d.close()
 			doc, err := a.inspect(cmd.Context(), d, cfg, args[0])
 			if err != nil {
+				if output == outputJSON { // one JSON document on stdout, as promised
+					_ = json.NewEncoder(a.stdout).Encode(struct {
+						Error string `json:"error"`
+					}{oneLine(err.Error())})
+				}
 				return err
 			}
 			if output == outputJSON {

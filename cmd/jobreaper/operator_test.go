@@ -213,6 +213,14 @@ func TestInspectCommand(t *testing.T) {
 	unknown := run(t, opsArgs(db, "inspect", "no-such-job")...)
 	requireExit(t, unknown, exitPassErrors)
 	requireOneLineError(t, unknown, `job "no-such-job" not found in schema`)
+	unknownJSON := run(t, opsArgs(db, "inspect", "no-such-job", "--output", "json")...)
+	requireExit(t, unknownJSON, exitPassErrors)
+	var errDoc struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(unknownJSON.stdout), &errDoc); err != nil || !strings.Contains(errDoc.Error, `job "no-such-job" not found`) {
+		t.Fatalf("inspect --output json of an unknown job: stdout %q (%v), want one {\"error\"} document", unknownJSON.stdout, err)
+	}
 }
 
 func ptrTo[T any](v T) *T { return &v }
