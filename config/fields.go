@@ -130,15 +130,18 @@ func knownKeys() []string {
 func closest(key string, known []string) string {
 	best, bestD := "", len(key)/2+2
 	for _, k := range known {
-		if d := editDistance(key, k); d < bestD {
+		if d := EditDistance(key, k); d < bestD {
 			best, bestD = k, d
 		}
 	}
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
+// EditDistance is the Levenshtein distance between a and b (in bytes: the
+// names it compares are ASCII): the fewest single-byte insertions,
+// deletions and substitutions that turn a into b. It picks the closest
+// known key or flag for a "did you mean" hint.
+func EditDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {

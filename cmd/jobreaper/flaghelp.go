@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/jobreaper/jobreaper/config"
 )
 
 // flagProblem words a flag parsing error of cmd for a new user: an unknown
@@ -51,31 +53,11 @@ func closestFlag(fs *pflag.FlagSet, name string) string {
 		if f.Hidden {
 			return
 		}
-		if d := editDistance(name, f.Name); d < bestD || (d == bestD && f.Name < best) {
+		if d := config.EditDistance(name, f.Name); d < bestD || (d == bestD && f.Name < best) {
 			best, bestD = f.Name, d
 		}
 	})
 	return best
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			sub := prev[j-1]
-			if a[i-1] != b[j-1] {
-				sub++
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, sub)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // hoistLeadingFlags moves flags written before the command name after it
