@@ -176,6 +176,14 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Claim: %v", err)
 		}
+		// The start guard's one-statement admission locks the row it reads.
+		guarded := unique("Jguard")
+		if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.jobs (id, type, status, queue) VALUES ($1, 'report.export', 'QUEUED', 'default')`, guarded); err != nil {
+			t.Fatalf("inserting a job row as the worker role: %v", err)
+		}
+		if adm, err := store.Admit(ctx, jobs.AdmitRequest{JobID: guarded, Worker: "W-roles", Claim: true}); err != nil || adm.Outcome != jobs.AdmitClaimed {
+			t.Fatalf("Admit as the worker role: %+v, %v; want a claim", adm, err)
+		}
 		hb, err := jobs.NewHeartbeater(store, nil, 0)
 		if err != nil {
 			t.Fatal(err)
