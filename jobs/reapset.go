@@ -237,10 +237,18 @@ func (s *Store) reapFollowUps(ctx context.Context, tx pgx.Tx, reaped []ReapedJob
 		stmt  cascadeStatement
 	}
 	var steps []step
+	positional := map[string]positionalCascade{}
 	for _, r := range reaped {
 		a := cascadeArgs{JobID: r.JobID, Type: r.Type, ParentID: r.parentID, TenantID: r.tenantID}
 		for i, sql := range s.cascades[r.Type].OnFailed {
-			batch.Queue(sql, a.named())
+			pc, ok := positional[sql]
+			if !ok {
+				if pc, err = rewriteCascade(ctx, sql); err != nil {
+					return "", fmt.Errorf("job %s: %s: %w", r.JobID, cascadeStatement{typ: r.Type, hook: HookOnFailed, n: i + 1, sql: sql}, err)
+				}
+				positional[sql] = pc
+			}
+			batch.Queue(pc.sql, pc.args(a)...)
 			steps = append(steps, step{r.JobID, cascadeStatement{typ: r.Type, hook: HookOnFailed, n: i + 1, sql: sql}})
 		}
 	}
@@ -273,6 +281,55 @@ func changedSinceRead(cands []ReapCandidate, reaped []ReapedJob) []string {
 			continue
 		}
 		out = append(out, c.JobID)
+	}
+	return out
+}
+
+// positionalCascade is a cascade statement with its named arguments
+// rewritten to $1, $2, ... once per batch, instead of once per row: names
+// lists which argument each position takes.
+type positionalCascade struct {
+	sql   string
+	names []string
+}
+
+// rewriteCascade rewrites sql's named arguments with pgx's own rewriting,
+// given each name as its own value, so that the rewritten arguments are
+// the names in positional order.
+func rewriteCascade(ctx context.Context, sql string) (positionalCascade, error) {
+	named := pgx.NamedArgs{}
+	for _, n := range CascadeArgNames {
+		named[n] = n
+	}
+	out, order, err := named.RewriteQuery(ctx, nil, sql, nil)
+	if err != nil {
+		return positionalCascade{}, err
+	}
+	pc := positionalCascade{sql: out, names: make([]string, len(order))}
+	for i, v := range order {
+		name, ok := v.(string)
+		if !ok {
+			return positionalCascade{}, fmt.Errorf("named argument %d of the cascade is not one of %v", i+1, CascadeArgNames)
+		}
+		pc.names[i] = name
+	}
+	return pc, nil
+}
+
+// args returns a's values in pc's positional order.
+func (pc positionalCascade) args(a cascadeArgs) []any {
+	out := make([]any, len(pc.names))
+	for i, n := range pc.names {
+		switch n {
+		case "job_id":
+			out[i] = a.JobID
+		case "type":
+			out[i] = a.Type
+		case "parent_id":
+			out[i] = nullable(a.ParentID)
+		case "tenant_id":
+			out[i] = nullable(a.TenantID)
+		}
 	}
 	return out
 }

@@ -189,3 +189,32 @@ func TestReapEvidenceConvertsIntervalsAsTheRuleComparesThem(t *testing.T) {
 		}
 	}
 }
+
+// A reap's cascade statements are rewritten to positional arguments once
+// per batch; each row still gets its own values in the places its
+// statement names them, a name used twice included, and NULL for an empty
+// parent or tenant.
+func TestReapBatchCascadeArgumentsPerRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := setup(t, nil)
+	db.Exec(t, `CREATE TABLE audit4 (a text, b text, c text, d text, e text)`)
+	store := db.Store(jobs.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{
+		`INSERT INTO audit4 VALUES (@tenant_id, @type, @job_id, @parent_id, @job_id || '@x')`,
+		`INSERT INTO audit4 (a, c) VALUES ('second', @job_id)`,
+	}}}))
+	db.Insert(t, jobstest.Job{ID: "C1", Type: "report.export", Generation: 1, ParentID: "P1", TenantID: "T1",
+		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+	db.Insert(t, jobstest.Job{ID: "C2", Type: "report.export", Generation: 1,
+		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+	res, err := store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: readCandidates(t, store, "C1", "C2"),
+		Reason: jobs.ReasonStalled, Rule: rule})
+	requireNoErr(t, err)
+	if len(res.Reaped) != 2 {
+		t.Fatalf("reaped %+v, want C1 and C2", res.Reaped)
+	}
+	requireCount(t, db, 1, `SELECT count(*) FROM audit4 WHERE a = 'T1' AND b = 'report.export' AND c = 'C1' AND d = 'P1' AND e = 'C1@x'`)
+	requireCount(t, db, 1, `SELECT count(*) FROM audit4 WHERE a IS NULL AND b = 'report.export' AND c = 'C2' AND d IS NULL AND e = 'C2@x'`)
+	requireCount(t, db, 2, `SELECT count(*) FROM audit4 WHERE a = 'second' AND c IN ('C1', 'C2')`)
+	requireCount(t, db, 4, `SELECT count(*) FROM audit4`)
+}
