@@ -33,6 +33,7 @@ const (
 	ReapBatchSQL      = reapBatchSQL
 	ReapLockSQL       = reapLockSQL
 	MarkersSetSQL     = markersSetSQL
+	MarkersFailedSQL  = markersFailedSQL
 	LostCandidatesSQL = lostCandidatesSQL
 	ReadStateSQL      = readStateSQL
 	PinPlansSQL       = pinPlansSQL

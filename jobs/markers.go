@@ -59,6 +59,31 @@ func (s *Store) MarkMarkersSet(ctx context.Context, refs []MarkerRef) error {
 }
 
 func (s *Store) markMarkersSet(ctx context.Context, refs []MarkerRef) error {
+	return s.markMarkers(ctx, s.q(markersSetSQL), refs)
+}
+
+// markersFailedSQL clears marker_set_at of reaps whose marker write
+// failed (ReapBatch sets it with the reap), planned like markersSetSQL.
+const markersFailedSQL = `
+UPDATE {schema}.jobs j SET marker_set_at = NULL
+  FROM unnest(@ids::text[], @generations::int8[]) AS m(id, generation)
+ WHERE j.id = ANY(@ids::text[]) AND j.id = m.id AND j.generation = m.generation
+   AND j.status COLLATE "C" = 'FAILED' AND j.marker_set_at IS NOT NULL`
+
+// MarkMarkersFailed records, in one statement, that the markers of refs
+// could not be written after their reap, which ReapBatch recorded as
+// written: ListMissingMarkers then returns the jobs, and the next pass
+// re-sets their markers. It changes nothing for a row that has moved on
+// (another generation, not FAILED). It returns a wrapped driver error when
+// PostgreSQL fails; the markers are then restored by the re-assertion of
+// the markers of the last 7 days instead.
+func (s *Store) MarkMarkersFailed(ctx context.Context, refs []MarkerRef) error {
+	ctx, done := s.op(ctx, "MarkMarkersFailed")
+	return done(s.markMarkers(ctx, s.q(markersFailedSQL), refs))
+}
+
+// markMarkers runs sql, a rendered markers statement, for refs.
+func (s *Store) markMarkers(ctx context.Context, sql string, refs []MarkerRef) error {
 	if len(refs) == 0 {
 		return nil
 	}
@@ -66,7 +91,7 @@ func (s *Store) markMarkersSet(ctx context.Context, refs []MarkerRef) error {
 	for i, r := range refs {
 		ids[i], gens[i] = r.JobID, r.Generation
 	}
-	return pinnedExec(ctx, s.db, s.q(markersSetSQL), pgx.NamedArgs{"ids": ids, "generations": gens})
+	return pinnedExec(ctx, s.db, sql, pgx.NamedArgs{"ids": ids, "generations": gens})
 }
 
 // ListMissingMarkers returns reaped jobs (failure_reason stalled or

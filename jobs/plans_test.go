@@ -141,6 +141,7 @@ func TestPlansHoldOnStaleStatistics(t *testing.T) {
 				{"ReapLockOfAThousand", jobs.ReapLockSQL, pgx.NamedArgs{"ids": ids("p", 6001, 1000)}},
 				{"MarkersOfAThousandFailedRows", jobs.MarkersSetSQL, pgx.NamedArgs{"ids": ids("p", 1, 1000), "generations": gens(1000)}},
 				{"MarkerOfOneFailedRow", jobs.MarkersSetSQL, pgx.NamedArgs{"ids": ids("p", 5, 1), "generations": gens(1)}},
+				{"FailedMarkersOfAThousandRows", jobs.MarkersFailedSQL, pgx.NamedArgs{"ids": ids("p", 1, 1000), "generations": gens(1000)}},
 				{"StateOfOne", jobs.ReadStateSQL, nil},
 			}
 			for _, st := range byID {

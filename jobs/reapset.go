@@ -90,9 +90,19 @@ SELECT j.id FROM {schema}.jobs j WHERE j.id = ANY(@ids::text[]) ORDER BY j.id FO
 // intervals are returned as intervals, converted in Go the way PostgreSQL
 // compares them (30-day months, 24-hour days); extract(epoch) would count a
 // year as 365.25 days.
+//
+// marker_set_at is set by the reap itself, not by a second UPDATE once the
+// marker is written: that second write of every reaped row could not be a
+// HOT update (marker_set_at is in jobs_marker_missing_idx's predicate) and
+// cost as much as the reap's own UPDATE. The reaper clears it again, with
+// MarkMarkersFailed, for the markers whose write failed, so that the next
+// pass re-sets them; a marker lost between the commit and its write (the
+// process killed there) is restored by the re-assertion of every marker of
+// the last 7 days, within marker_check_window. Meanwhile the FAILED row
+// refuses the task through the start guard.
 const reapBatchSQL = `
 UPDATE {schema}.jobs j
-   SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = NULL
+   SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = now()
   FROM unnest(@ids::text[], @generations::int8[], @updated_ats::timestamptz[]) AS r(id, generation, updated_at),
        {schema}.job_types t
  WHERE j.id = ANY(@ids::text[])

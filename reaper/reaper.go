@@ -29,6 +29,7 @@ type Store interface {
 	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
 	MarkMarkerSet(ctx context.Context, jobID string, generation int64) error
 	MarkMarkersSet(ctx context.Context, refs []jobs.MarkerRef) error
+	MarkMarkersFailed(ctx context.Context, refs []jobs.MarkerRef) error
 	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)
 	ListReaped(ctx context.Context, p jobs.ReapedParams) ([]jobs.Reaped, error)
 	CountReaped(ctx context.Context, p jobs.ReapedParams) (int, error)

@@ -136,28 +136,27 @@ func (r *Reaper) setMarkers(ctx context.Context, reaped []jobs.ReapedJob, res *R
 			results[i].Set, results[i].Err = r.markers.Set(mctx, w.JobID, w.Generation, w.TTL)
 		}
 	}
-	refs := make([]jobs.MarkerRef, 0, len(writes))
+	// The reap recorded every marker as written (jobs.ReapBatch); only the
+	// failed ones are recorded again, so the next pass re-sets them.
 	var (
-		failed   int
-		firstErr error
-		firstID  string
+		failedRefs []jobs.MarkerRef
+		firstErr   error
 	)
 	for i, out := range results {
 		if out.Err != nil {
-			if failed == 0 {
-				firstErr, firstID = out.Err, writes[i].JobID
+			if firstErr == nil {
+				firstErr = out.Err
 			}
-			failed++
-			continue
+			failedRefs = append(failedRefs, jobs.MarkerRef{JobID: writes[i].JobID, Generation: writes[i].Generation})
 		}
-		refs = append(refs, jobs.MarkerRef{JobID: writes[i].JobID, Generation: writes[i].Generation})
 	}
-	r.failedN(mctx, res, stageMarker, failed, "marker writes failed; the FAILED rows still refuse their tasks and a later pass re-sets the markers",
-		"failed", failed, "of", len(writes), "first_job_id", firstID, "err", firstErr)
-	if len(refs) == 0 {
+	if len(failedRefs) == 0 {
 		return
 	}
-	if err := r.store.MarkMarkersSet(mctx, refs); err != nil {
-		r.log.Warn("could not record the marker writes; a later pass records them", "markers", len(refs), "err", err)
+	r.failedN(mctx, res, stageMarker, len(failedRefs), "marker writes failed; the FAILED rows still refuse their tasks and a later pass re-sets the markers",
+		"failed", len(failedRefs), "of", len(writes), "first_job_id", failedRefs[0].JobID, "err", firstErr)
+	if err := r.store.MarkMarkersFailed(mctx, failedRefs); err != nil {
+		r.log.Warn("could not record the failed marker writes; the markers are restored by the re-assertion of the last 7 days' markers instead",
+			"markers", len(failedRefs), "err", err)
 	}
 }
