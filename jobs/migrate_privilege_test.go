@@ -93,12 +93,12 @@ func TestStartUpCheckOnAProductsOwnJobsTableSuggestsASchemaOfItsOwn(t *testing.T
 func TestRedactURLHidesKeywordPasswords(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"host=127.0.0.1 user=postgres password=S3cretPW dbname=app port=5999":  "host=127.0.0.1 user=postgres password=xxxxx dbname=app port=5999",
-		"host=db password = 'S3cret PW\\'x' dbname=app":                         "host=db password=xxxxx dbname=app",
-		"host=db PASSWORD=S3cretPW":                                             "host=db password=xxxxx",
-		"postgres://app:S3cretPW@db:5432/app?sslmode=disable":                   "postgres://app:xxxxx@db:5432/app?sslmode=disable",
-		"postgres://app@db:5432/app?password=S3cretPW":                          "postgres://app@db:5432/app?password=xxxxx",
-		"not a url S3cretPW":                                                    "<unparseable URL>",
+		"host=127.0.0.1 user=postgres password=S3cretPW dbname=app port=5999": "host=127.0.0.1 user=postgres password=xxxxx dbname=app port=5999",
+		"host=db password = 'S3cret PW\\'x' dbname=app":                       "host=db password=xxxxx dbname=app",
+		"host=db PASSWORD=S3cretPW":                                           "host=db password=xxxxx",
+		"postgres://app:S3cretPW@db:5432/app?sslmode=disable":                 "postgres://app:xxxxx@db:5432/app?sslmode=disable",
+		"postgres://app@db:5432/app?password=S3cretPW":                        "postgres://app@db:5432/app?password=xxxxx",
+		"not a url S3cretPW":                                                  "<unparseable URL>",
 	} {
 		if got := jobs.RedactURL(in); got != want || strings.Contains(got, "S3cret") {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
