@@ -42,7 +42,7 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var stdout bytes.Buffer
-	var stderr syncBuffer
+	var stderr jobstest.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- execute(ctx, []string{"run", "--database-url", db.URL, "--schema", db.Schema,

@@ -36,7 +36,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 type replica struct {
 	name   string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *jobstest.SyncBuffer
 	addr   string
 }
 
@@ -44,7 +44,7 @@ type replica struct {
 // its metrics server listens. It is killed at cleanup if still running.
 func startReplica(t *testing.T, bin, name string, args ...string) *replica {
 	t.Helper()
-	r := &replica{name: name, stderr: &syncBuffer{}}
+	r := &replica{name: name, stderr: &jobstest.SyncBuffer{}}
 	r.cmd = exec.Command(bin, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--start-jitter", "0s"}, args...)...)
 	r.cmd.Stderr = r.stderr
 	if err := r.cmd.Start(); err != nil {

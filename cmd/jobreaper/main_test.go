@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -98,23 +97,4 @@ func requireOneLineError(t *testing.T, r result, fragments ...string) {
 			t.Errorf("stderr %q lacks %q", r.stderr, f)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a daemon writing while the test
-// reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

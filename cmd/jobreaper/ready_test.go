@@ -17,7 +17,7 @@ import (
 
 // daemon is a `jobreaper run` running in-process.
 type daemon struct {
-	stderr *syncBuffer
+	stderr *jobstest.SyncBuffer
 	addr   string
 	cancel context.CancelFunc
 	done   chan int
@@ -28,9 +28,9 @@ type daemon struct {
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	d := &daemon{stderr: &syncBuffer{}, cancel: cancel, done: make(chan int, 1)}
+	d := &daemon{stderr: &jobstest.SyncBuffer{}, cancel: cancel, done: make(chan int, 1)}
 	go func() {
-		var stdout syncBuffer
+		var stdout jobstest.SyncBuffer
 		d.done <- execute(ctx, append([]string{"run", "--metrics-addr", "127.0.0.1:0", "--start-jitter", "0s"}, args...), &stdout, d.stderr)
 	}()
 	addrRE := regexp.MustCompile(`serving /metrics and /healthz" component=metrics addr=(\S+)`)

@@ -59,7 +59,7 @@ type PgBouncer struct {
 	PreparedStatementsPinned bool
 
 	user string
-	log  *syncBuffer
+	log  *SyncBuffer
 }
 
 // StartPgBouncer starts PgBouncer on a free port of 127.0.0.1 in front of
@@ -88,7 +88,7 @@ func StartPgBouncer(t testing.TB, opts PgBouncerOptions) *PgBouncer {
 	if err != nil {
 		t.Fatalf("parsing the test database URL: %v", err)
 	}
-	p := &PgBouncer{Host: "127.0.0.1", Version: version, user: server.User, log: &syncBuffer{}}
+	p := &PgBouncer{Host: "127.0.0.1", Version: version, user: server.User, log: &SyncBuffer{}}
 	p.PreparedStatementsPinned = atLeast(version, 1, 21)
 
 	dir, err := os.MkdirTemp("", "pgbouncer-")
@@ -271,20 +271,20 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// syncBuffer is the process log, written by the process's pipes and read
-// by the test.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for a process (or daemon goroutine)
+// writing while the test reads: a process log, a daemon's stderr.
+type SyncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
