@@ -34,12 +34,8 @@ type opsDeps struct {
 // file's cascades are checked and run by the Store. Every failure is an
 // exit-2 error naming the server and what to check.
 func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRedis, cascades bool) (*opsDeps, error) {
-	pool, err := connectPostgres(ctx, cfg)
+	pool, err := connectMigrated(ctx, cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := requireMigrated(ctx, pool, cfg); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	opts := []jobs.StoreOption{jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout)}

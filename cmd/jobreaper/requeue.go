@@ -121,14 +121,11 @@ type requeueRun struct {
 // requeue connects, requeues the jobs and prints a line for each. It
 // returns an exit-1 error when any job was refused or failed.
 func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, run requeueRun) error {
-	pool, err := connectPostgres(ctx, cfg)
+	pool, err := connectMigrated(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireMigrated(ctx, pool, cfg); err != nil {
-		return err
-	}
 	rdb, err := connectRedis(ctx, cfg)
 	if err != nil {
 		return err

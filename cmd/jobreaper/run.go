@@ -120,12 +120,8 @@ type deps struct {
 // connect opens PostgreSQL and Redis and builds the reaper. Every failure
 // is an exit-2 error naming the server and what to check.
 func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runMode) (*deps, error) {
-	pool, err := connectPostgres(ctx, cfg)
+	pool, err := connectMigrated(ctx, cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := requireMigrated(ctx, pool, cfg); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	rdb, err := connectRedis(ctx, cfg)

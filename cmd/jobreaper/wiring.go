@@ -115,6 +115,21 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 	return pool, nil
 }
 
+// connectMigrated opens the pool (connectPostgres) and checks its schema
+// (requireMigrated), closing the pool when the check fails: what every
+// command that runs jobreaper's statements starts with.
+func connectMigrated(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
+	pool, err := connectPostgres(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireMigrated(ctx, pool, cfg); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
 // requireMigrated checks that the configured schema holds jobreaper's
 // tables and every migration this binary ships, looking each table up by
 // its qualified name (so the answer holds behind a transaction-mode
@@ -126,7 +141,6 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config)
 	err := jobs.CheckMigrated(ctx, pool, cfg.Schema)
 	switch {
 	case errors.Is(err, jobs.ErrNotMigrated):
-		// The error names the schema and the migrate command to run.
 		// The error names the schema, what is missing and the command; the
 		// database (without its password) follows, so that the sentence
 		// reads "schema "x" has no jobreaper tables ...; run ... (database
