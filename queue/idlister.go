@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -97,14 +98,140 @@ func (l *IDLister) Queues(ctx context.Context) ([]string, error) {
 	return qs, nil
 }
 
-// ListActive reads queue's active list: first whether asynq knows the
-// queue and the list's length, then every chunk in one pipeline, each chunk
-// checking in the same script which of its IDs have lost their task hash.
-// If the last chunk came back full (the list grew meanwhile), it reads on
-// until a chunk is short. IDs are returned sorted, each once; entries
-// whose task hash is gone are counted in EmptyIDs (as the Inspector
-// counts them) and named in Broken; entries without a lease are named in
-// NoLease; neither kind is in IDs.
+// ActiveChunk is part of one queue's active list, as StreamActive hands it
+// over: IDs, Broken and NoLease as in ActiveTasks but for this chunk only
+// (in list order, not sorted, an ID possibly again in a later chunk).
+type ActiveChunk struct {
+	// Queue is the queue the chunk belongs to.
+	Queue string
+	ActiveTasks
+	// Done is true on the queue's last chunk: its listing is complete.
+	Done bool
+	// Err is set when listing the queue failed; no chunk of the queue
+	// follows, and Done is false. Chunks handed over before it stay valid
+	// (each was read and checked in one step).
+	Err error
+}
+
+// streamRoundChunks bounds how many chunks one pipeline of StreamActive
+// reads, so that the caller gets the first IDs while Redis still checks
+// the rest (10 chunks of 1,000: a few milliseconds of Redis time).
+const streamRoundChunks = 10
+
+// chunkRead is one chunk a round of StreamActive reads.
+type chunkRead struct {
+	queue string
+	start int
+	first bool
+	known *redis.BoolCmd
+	size  *redis.IntCmd
+	reply *redis.Cmd
+}
+
+// StreamActive reads the active lists of queues and calls fn with each
+// chunk, in order within a queue, as the pipelines come back: the first
+// chunk of every queue (with whether asynq knows the queue and the list's
+// length) in one pipeline, then the rest in pipelines of at most
+// streamRoundChunks chunks. A caller can so load the rows of one part
+// while Redis checks the next, and a pass over many small queues costs
+// one round trip. Each chunk is read and checked (task hash, lease) in one
+// script; when a queue's last chunk comes back full (the list grew), it
+// reads on until a chunk is short.
+//
+// Every queue ends with exactly one call whose Done is true, or one whose
+// Err is set (a Redis error or ctx's, naming the queue); a queue asynq
+// never saw ends with one chunk whose NotFound is true. fn runs on the
+// caller's goroutine.
+func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(ActiveChunk)) {
+	var round []*chunkRead
+	for _, q := range queues {
+		round = append(round, &chunkRead{queue: q, first: true})
+	}
+	length := make(map[string]int, len(queues))
+	failed := map[string]bool{}
+	for {
+		round = slices.DeleteFunc(round, func(c *chunkRead) bool { return failed[c.queue] })
+		if len(round) == 0 {
+			return
+		}
+		var next []*chunkRead
+		now := round[:min(len(round), max(streamRoundChunks, countFirst(round)))]
+		rest := round[len(now):]
+		// Each command carries its own error (a connection error, all of
+		// them): a failing chunk fails only its queue.
+		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range now {
+				active := asynqActiveKey(c.queue)
+				if c.first {
+					c.known = p.SIsMember(ctx, asynqQueuesKey, c.queue)
+					c.size = p.LLen(ctx, active)
+				}
+				c.reply = listChunkScript.Eval(ctx, p, []string{active, asynqLeaseKey(c.queue)}, c.start, c.start+l.chunk-1, asynqTaskKeyPrefix(c.queue))
+			}
+			return nil
+		})
+		for _, c := range now {
+			if failed[c.queue] {
+				continue
+			}
+			fail := func(err error) {
+				failed[c.queue] = true
+				fn(ActiveChunk{Queue: c.queue, Err: fmt.Errorf("queue.IDLister.ListActive: queue %q: %w", c.queue, err)})
+			}
+			if c.first {
+				if err := cmp.Or(c.known.Err(), c.size.Err()); err != nil {
+					fail(err)
+					continue
+				}
+				if !c.known.Val() {
+					fn(ActiveChunk{Queue: c.queue, ActiveTasks: ActiveTasks{NotFound: true}, Done: true})
+					continue
+				}
+				length[c.queue] = int(c.size.Val())
+			}
+			ids, gone, noLease, err := chunkReply(c.reply)
+			if err != nil {
+				fail(err)
+				continue
+			}
+			chunk := ActiveChunk{Queue: c.queue, ActiveTasks: ActiveTasks{
+				IDs: withoutBroken(withoutBroken(ids, gone), noLease), EmptyIDs: len(gone), Broken: gone, NoLease: noLease,
+			}}
+			// The chunks still to read after this one: those the length
+			// calls for, then one more whenever the last comes back full.
+			end := c.start + l.chunk
+			switch {
+			case c.first && length[c.queue] > end:
+				for s := end; s < length[c.queue]; s += l.chunk {
+					next = append(next, &chunkRead{queue: c.queue, start: s})
+				}
+			case end >= length[c.queue] && len(ids) == l.chunk:
+				length[c.queue] = end + 1
+				next = append(next, &chunkRead{queue: c.queue, start: end})
+			case end >= length[c.queue]:
+				chunk.Done = true
+			}
+			fn(chunk)
+		}
+		round = append(rest, next...)
+	}
+}
+
+// countFirst counts the first chunks at the head of round, which are read
+// together in the first pipeline whatever their number.
+func countFirst(round []*chunkRead) int {
+	n := 0
+	for n < len(round) && round[n].first {
+		n++
+	}
+	return n
+}
+
+// ListActive reads queue's active list with StreamActive and returns it
+// whole. IDs are returned sorted, each once; entries whose task hash is
+// gone are counted in EmptyIDs (as the Inspector counts them) and named in
+// Broken; entries without a lease are named in NoLease; neither kind is in
+// IDs.
 //
 // The list can move between two chunks (asynq pushes new tasks at its
 // head), so a task that started or finished meanwhile may be missed; it is
@@ -113,62 +240,28 @@ func (l *IDLister) Queues(ctx context.Context) ([]string, error) {
 // It returns ActiveTasks{NotFound: true}, nil when asynq never saw queue.
 // Errors, each naming the queue: ctx's error; any Redis error, wrapped.
 func (l *IDLister) ListActive(ctx context.Context, queue string) (ActiveTasks, error) {
-	fail := func(err error) (ActiveTasks, error) {
-		return ActiveTasks{}, fmt.Errorf("queue.IDLister.ListActive: queue %q: %w", queue, err)
-	}
-	active, prefix := asynqActiveKey(queue), asynqTaskKeyPrefix(queue)
 	var (
-		known  *redis.BoolCmd
-		length *redis.IntCmd
+		out ActiveTasks
+		err error
 	)
-	if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		known = p.SIsMember(ctx, asynqQueuesKey, queue)
-		length = p.LLen(ctx, active)
-		return nil
-	}); err != nil {
-		return fail(err)
-	}
-	if !known.Val() {
-		return ActiveTasks{NotFound: true}, nil
-	}
-	var out ActiveTasks
-	n := int(length.Val())
-	for start := 0; ; {
-		// At least one chunk, so that a list that grew since LLEN is read.
-		chunks := max(1, (n-start+l.chunk-1)/l.chunk)
-		cmds := make([]*redis.Cmd, chunks)
-		if _, err := l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i := range cmds {
-				first := start + i*l.chunk
-				cmds[i] = listChunkScript.Eval(ctx, p, []string{active, asynqLeaseKey(queue)}, first, first+l.chunk-1, prefix)
-			}
-			return nil
-		}); err != nil {
-			return fail(err)
+	l.StreamActive(ctx, []string{queue}, func(c ActiveChunk) {
+		if c.Err != nil {
+			err = c.Err
+			return
 		}
-		full := false
-		for _, c := range cmds {
-			ids, gone, noLease, err := chunkReply(c)
-			if err != nil {
-				return fail(err)
-			}
-			out.IDs = append(out.IDs, ids...)
-			out.Broken = append(out.Broken, gone...)
-			out.NoLease = append(out.NoLease, noLease...)
-			full = len(ids) == l.chunk
-		}
-		if !full {
-			break
-		}
-		start += chunks * l.chunk
-		n = start + l.chunk
+		out.NotFound = c.NotFound
+		out.IDs = append(out.IDs, c.IDs...)
+		out.EmptyIDs += c.EmptyIDs
+		out.Broken = append(out.Broken, c.Broken...)
+		out.NoLease = append(out.NoLease, c.NoLease...)
+	})
+	if err != nil {
+		return ActiveTasks{}, err
 	}
-	out.IDs = withoutBroken(withoutBroken(out.IDs, out.Broken), out.NoLease)
 	slices.Sort(out.NoLease)
 	out.NoLease = slices.Compact(out.NoLease)
 	slices.Sort(out.IDs)
 	out.IDs = slices.Compact(out.IDs)
-	out.EmptyIDs = len(out.Broken)
 	slices.Sort(out.Broken)
 	out.Broken = slices.Compact(out.Broken)
 	return out, nil

@@ -16,13 +16,10 @@ const SkipBadJobID SkipReason = "bad_job_id"
 // badIDsShown bounds how many refused IDs one log line shows.
 const badIDsShown = 5
 
-// dropBadIDs returns ids without those jobs.CheckID refuses. The refused
-// ones are counted as SkipBadJobID and logged in one warning for queue,
-// escaped (%q) so that a NUL byte or invalid UTF-8 stays readable. ids is
-// not modified.
-func (r *Reaper) dropBadIDs(queue string, ids []string, res *Result) []string {
-	kept := make([]string, 0, len(ids))
-	var bad []string
+// splitBadIDs returns ids without those jobs.CheckID refuses (kept) and
+// the refused ones (bad). ids is not modified.
+func splitBadIDs(ids []string) (kept, bad []string) {
+	kept = make([]string, 0, len(ids))
 	for _, id := range ids {
 		if jobs.CheckID(id) != nil {
 			bad = append(bad, id)
@@ -30,15 +27,20 @@ func (r *Reaper) dropBadIDs(queue string, ids []string, res *Result) []string {
 		}
 		kept = append(kept, id)
 	}
+	return kept, bad
+}
+
+// warnBadIDs logs the active tasks of queue whose IDs jobs.CheckID refused
+// in one warning, escaped (%q) so that a NUL byte or invalid UTF-8 stays
+// readable; they were counted as SkipBadJobID as they were listed.
+func (r *Reaper) warnBadIDs(queue string, bad []string) {
 	if len(bad) == 0 {
-		return kept
+		return
 	}
-	res.skip(SkipBadJobID, len(bad))
 	shown := make([]string, 0, min(len(bad), badIDsShown))
 	for _, id := range bad[:min(len(bad), badIDsShown)] {
 		shown = append(shown, jobs.QuoteID(id))
 	}
 	r.log.Warn("active tasks skipped: their IDs cannot be job IDs (NUL byte, invalid UTF-8 or over the length limit); another producer shares this Redis?",
 		"queue", queue, "reason", SkipBadJobID, "count", len(bad), "job_ids", strings.Join(shown, " "))
-	return kept
 }

@@ -221,10 +221,10 @@ func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 var ErrPassFailed = errors.New("reaper pass could not run")
 
 // RunOnce runs one pass: one database clock reading, the active tasks of
-// every queue (their IDs are the one list a pass holds in full), then batch
-// by batch their rows and limits, a decision per job, one set-based reap
-// per batch of stalled jobs and their markers in one pipeline; then the
-// lost-task search, and the summary. It
+// every queue (their IDs are the one list a pass holds in full) and, batch
+// by batch as they are listed, their rows and limits, a decision per job,
+// one set-based reap per batch of stalled jobs and their markers in one
+// pipeline; then the lost-task search, and the summary. It
 // returns the pass's Result, and an error wrapping ErrPassFailed only when
 // the pass could not run at all; failures inside the pass (a queue that
 // fails to list, a reap or marker write that fails) are counted in
@@ -306,8 +306,7 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	}
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
-	ids, listed, noLease := r.listActive(ctx, queues, &res)
-	r.reapActive(ctx, ids, now, &res)
+	ids, listed, noLease := r.scanActive(ctx, queues, now, &res)
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
 	r.reapLost(ctx, listed, ids, noLease, now, &res)
@@ -344,56 +343,6 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) 
 		}
 		r.log.Debug("job skipped", "job_id", id, "reason", v.Skip, "runtime", v.Runtime, "idle", v.Idle)
 	}
-}
-
-// listActive lists the active tasks of queues. It returns their IDs,
-// sorted and without duplicates, the queues that were listed completely
-// (a queue asynq never saw counts as listed and empty), and the active
-// entries that have no lease (broken: asynq never recovers them), whose
-// jobs the lost-task search judges as if their task were gone.
-func (r *Reaper) listActive(ctx context.Context, queues []string, res *Result) (ids, listed []string, noLease map[string]bool) {
-	noLease = map[string]bool{}
-	broken := map[string]int{}
-	defer func() { r.opts.Metrics.brokenActiveCounts(broken) }()
-	for _, q := range queues {
-		tasks, err := r.lister.ListActive(ctx, q)
-		if err != nil {
-			r.failed(ctx, res, stageList, "listing active tasks failed; this queue is skipped this pass", "queue", q, "err", err)
-			continue
-		}
-		listed = append(listed, q)
-		broken[q] = tasks.EmptyIDs + len(tasks.NoLease)
-		res.BrokenActive += tasks.EmptyIDs + len(tasks.NoLease)
-		res.Scanned += len(tasks.NoLease)
-		if len(tasks.NoLease) > 0 {
-			r.log.Warn("broken active entries: they have no lease, so asynq never recovers them; "+
-				"jobreaper does not write asynq's keys, and reaps their stalled jobs as lost_task",
-				"queue", q, "count", len(tasks.NoLease), "task_ids", brokenSample(tasks.NoLease))
-			for _, id := range tasks.NoLease {
-				noLease[id] = true
-			}
-		}
-		if tasks.NotFound {
-			r.opts.Metrics.queueMissing(q)
-			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
-			continue
-		}
-		res.Scanned += len(tasks.IDs) + tasks.EmptyIDs
-		if tasks.EmptyIDs > 0 {
-			attrs := []any{"queue", q, "count", tasks.EmptyIDs}
-			if len(tasks.Broken) > 0 {
-				attrs = append(attrs, "task_ids", brokenSample(tasks.Broken))
-			}
-			r.log.Warn("broken active entries: their task hash is gone, so asynq will never run or recover them; "+
-				"jobreaper does not write asynq's keys, and reaps their stalled jobs as lost_task", attrs...)
-			res.skip(SkipNoJobID, tasks.EmptyIDs)
-		}
-		ids = append(ids, r.dropBadIDs(q, tasks.IDs, res)...)
-	}
-	// Sorted and compacted rather than deduplicated through a map: the ID
-	// list is the one thing a pass holds in proportion to the active tasks.
-	slices.Sort(ids)
-	return slices.Compact(ids), listed, noLease
 }
 
 // union returns the sorted union of a and b, each name once.

@@ -3,48 +3,42 @@ package reaper
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"time"
 
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
-// reapActive works through the active tasks ids (sorted) one load batch
-// at a time (Options.LoadBatch IDs): it loads the batch's rows and limits,
-// decides on each, and reaps the batch's stalled jobs set-based, so the
-// pass holds the ID list and one batch of rows, never all rows. A batch
-// that fails to load is an error of the pass; the other batches go on.
-func (r *Reaper) reapActive(ctx context.Context, ids []string, now time.Time, res *Result) {
-	debug := r.log.Enabled(ctx, slog.LevelDebug)
-	for start := 0; start < len(ids); start += r.opts.LoadBatch {
-		if ctx.Err() != nil {
-			return
+// reapLoaded loads the rows and limits of batch (active task IDs, sorted,
+// at most Options.LoadBatch), decides on each and reaps the batch's
+// stalled jobs set-based. A batch that fails to load is an error of the
+// pass; the other batches go on.
+func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, debug bool, res *Result) {
+	if ctx.Err() != nil {
+		return
+	}
+	snaps, err := r.store.LoadForTasks(ctx, batch)
+	if err != nil {
+		r.failed(ctx, res, stageLoad, "loading a batch of job rows failed; its jobs are not reaped this pass, the other batches go on",
+			"tasks", len(batch), "err", err)
+		return
+	}
+	var stalled []jobs.Snapshot
+	for _, id := range batch {
+		var snap *jobs.Snapshot
+		if s, ok := snaps[id]; ok {
+			snap = &s
 		}
-		batch := ids[start:min(start+r.opts.LoadBatch, len(ids))]
-		snaps, err := r.store.LoadForTasks(ctx, batch)
-		if err != nil {
-			r.failed(ctx, res, stageLoad, "loading a batch of job rows failed; its jobs are not reaped this pass, the other batches go on",
-				"tasks", len(batch), "err", err)
+		v := Decide(snap, now, r.opts.Rule)
+		r.decided(res, id, snap, v, jobs.ReasonStalled)
+		if !v.Reap {
+			res.skip(v.Skip, 1)
+			r.logSkip(id, snap, v, debug)
 			continue
 		}
-		var stalled []jobs.Snapshot
-		for _, id := range batch {
-			var snap *jobs.Snapshot
-			if s, ok := snaps[id]; ok {
-				snap = &s
-			}
-			v := Decide(snap, now, r.opts.Rule)
-			r.decided(res, id, snap, v, jobs.ReasonStalled)
-			if !v.Reap {
-				res.skip(v.Skip, 1)
-				r.logSkip(id, snap, v, debug)
-				continue
-			}
-			stalled = append(stalled, *snap)
-		}
-		r.reapSet(ctx, stalled, jobs.ReasonStalled, res)
+		stalled = append(stalled, *snap)
 	}
+	r.reapSet(ctx, stalled, jobs.ReasonStalled, res)
 }
 
 // reapSet reaps stalled jobs (sorted by ID) with reason, in set-based

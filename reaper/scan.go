@@ -1,0 +1,149 @@
+package reaper
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// ActiveStreamer is a lister that reads many queues' active lists at once
+// and hands them over chunk by chunk as Redis answers; *queue.IDLister is
+// one. The pass loads and judges one part of the list while Redis still
+// reads and checks the next. A lister without it is read queue by queue
+// with ListActive.
+type ActiveStreamer interface {
+	StreamActive(ctx context.Context, queues []string, fn func(queue.ActiveChunk))
+}
+
+// scanChunksBuffered bounds the chunks listed ahead of the loads, and so
+// the IDs a pass holds besides its ID list and one load batch.
+const scanChunksBuffered = 16
+
+// queueScan is what the pass has seen of one queue's active list so far.
+type queueScan struct {
+	emptyIDs int
+	broken   []string
+	noLease  []string
+	bad      []string
+}
+
+// scanActive lists the active tasks of queues and, as the IDs come in,
+// loads, judges and reaps them one load batch (Options.LoadBatch IDs,
+// sorted) at a time: the listing runs on its own goroutine, so Redis
+// checks the next chunks while PostgreSQL loads the last batch. It returns
+// the IDs of every active task, sorted and each once (the one list a pass
+// holds in full), the queues that were listed completely (a queue asynq
+// never saw counts as listed and empty), and the active entries that have
+// no lease (broken: asynq never recovers them), whose jobs the lost-task
+// search judges as if their task were gone.
+//
+// A queue that fails to list is an error of the pass and is not among the
+// listed queues, so the lost-task search does not look at it; the chunks
+// of it read before the failure were read and checked whole, and their
+// jobs are judged like any other.
+func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time, res *Result) (ids, listed []string, noLease map[string]bool) {
+	chunks := make(chan queue.ActiveChunk, scanChunksBuffered)
+	go func() {
+		defer close(chunks)
+		if s, ok := r.lister.(ActiveStreamer); ok {
+			s.StreamActive(ctx, queues, func(c queue.ActiveChunk) { chunks <- c })
+			return
+		}
+		for _, q := range queues {
+			tasks, err := r.lister.ListActive(ctx, q)
+			chunks <- queue.ActiveChunk{Queue: q, ActiveTasks: tasks, Done: err == nil, Err: err}
+		}
+	}()
+	debug := r.log.Enabled(ctx, slog.LevelDebug)
+	noLease = map[string]bool{}
+	broken := map[string]int{}
+	defer func() { r.opts.Metrics.brokenActiveCounts(broken) }()
+	scans := map[string]*queueScan{}
+	// seen keeps an ID listed twice (in two queues, or twice in a list
+	// that moved) from being judged twice.
+	seen := map[string]struct{}{}
+	var pending []string
+	load := func(batch []string) {
+		slices.Sort(batch)
+		r.reapLoaded(ctx, batch, now, debug, res)
+		ids = append(ids, batch...)
+	}
+	// Every chunk is taken, also after ctx is done, so that the listing
+	// goroutine always ends.
+	for c := range chunks {
+		q := c.Queue
+		if c.Err != nil {
+			r.failed(ctx, res, stageList, "listing active tasks failed; this queue is skipped this pass", "queue", q, "err", c.Err)
+			continue
+		}
+		sc := scans[q]
+		if sc == nil {
+			sc = &queueScan{}
+			scans[q] = sc
+		}
+		res.BrokenActive += c.EmptyIDs + len(c.NoLease)
+		res.Scanned += len(c.NoLease)
+		sc.noLease = append(sc.noLease, c.NoLease...)
+		for _, id := range c.NoLease {
+			noLease[id] = true
+		}
+		if c.NotFound {
+			r.opts.Metrics.queueMissing(q)
+			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
+		} else {
+			res.Scanned += len(c.IDs) + c.EmptyIDs
+			res.skip(SkipNoJobID, c.EmptyIDs)
+			sc.emptyIDs += c.EmptyIDs
+			sc.broken = append(sc.broken, c.Broken...)
+			kept, bad := splitBadIDs(c.IDs)
+			res.skip(SkipBadJobID, len(bad))
+			sc.bad = append(sc.bad, bad...)
+			for _, id := range kept {
+				if _, dup := seen[id]; !dup {
+					seen[id] = struct{}{}
+					pending = append(pending, id)
+				}
+			}
+			for len(pending) >= r.opts.LoadBatch {
+				load(slices.Clone(pending[:r.opts.LoadBatch]))
+				pending = append(pending[:0], pending[r.opts.LoadBatch:]...)
+			}
+		}
+		if c.Done {
+			listed = append(listed, q)
+			r.warnBroken(q, sc)
+			broken[q] = sc.emptyIDs + len(sc.noLease)
+			delete(scans, q)
+		}
+	}
+	if len(pending) > 0 {
+		load(pending)
+	}
+	slices.Sort(ids)
+	return ids, listed, noLease
+}
+
+// warnBroken logs queue's broken active entries and refused IDs, one
+// warning per kind, once its listing is complete.
+func (r *Reaper) warnBroken(q string, sc *queueScan) {
+	if len(sc.noLease) > 0 {
+		slices.Sort(sc.noLease)
+		sc.noLease = slices.Compact(sc.noLease)
+		r.log.Warn("broken active entries: they have no lease, so asynq never recovers them; "+
+			"jobreaper does not write asynq's keys, and reaps their stalled jobs as lost_task",
+			"queue", q, "count", len(sc.noLease), "task_ids", brokenSample(sc.noLease))
+	}
+	if sc.emptyIDs > 0 {
+		attrs := []any{"queue", q, "count", sc.emptyIDs}
+		if len(sc.broken) > 0 {
+			slices.Sort(sc.broken)
+			attrs = append(attrs, "task_ids", brokenSample(slices.Compact(sc.broken)))
+		}
+		r.log.Warn("broken active entries: their task hash is gone, so asynq will never run or recover them; "+
+			"jobreaper does not write asynq's keys, and reaps their stalled jobs as lost_task", attrs...)
+	}
+	r.warnBadIDs(q, sc.bad)
+}
