@@ -252,8 +252,8 @@ func TestMarkerStore(t *testing.T) {
 		for i := range typ.NumMethod() {
 			names = append(names, typ.Method(i).Name)
 		}
-		if strings.Join(names, ",") != "Get,Set,SetMany" {
-			t.Fatalf("MarkerStore methods = %v, want exactly [Get Set SetMany]", names)
+		if strings.Join(names, ",") != "Get,ReassertMany,Set,SetMany" {
+			t.Fatalf("MarkerStore methods = %v, want exactly [Get ReassertMany Set SetMany]", names)
 		}
 	})
 }

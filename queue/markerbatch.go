@@ -105,3 +105,54 @@ func isConnError(err error) bool {
 	_, isReply := err.(redis.Error)
 	return !isReply
 }
+
+// ReassertMany answers as SetMany would for writes, but first reads every
+// key in one pipeline of GETs and runs the compare-and-set only for the
+// keys that do not already hold this generation or a newer one (missing,
+// older, or holding something jobreaper never writes, which the
+// compare-and-set then reports as ErrBadMarker). Re-asserting markers that
+// are almost always there so costs a GET each instead of a script each.
+// A marker that changes between the read and the write is still judged by
+// the compare-and-set. When the read pipeline fails as a whole (Redis
+// unreachable, the timeout), every write carries that error.
+func (s *MarkerStore) ReassertMany(ctx context.Context, writes []MarkerWrite) []MarkerResult {
+	out := make([]MarkerResult, len(writes))
+	cmds := make([]*redis.StringCmd, len(writes))
+	var todo []int
+	for i, w := range writes {
+		if w.TTL.Milliseconds() > 0 {
+			todo = append(todo, i)
+		}
+	}
+	if len(todo) == 0 {
+		return out
+	}
+	opCtx, done := s.op(ctx, "ReassertMany")
+	_, err := s.client.Pipelined(opCtx, func(p redis.Pipeliner) error {
+		for _, i := range todo {
+			cmds[i] = p.Get(opCtx, MarkerKey(writes[i].JobID))
+		}
+		return nil
+	})
+	if err != nil && err != redis.Nil && isConnError(err) {
+		err = done(err)
+		for _, i := range todo {
+			out[i].Err = err
+		}
+		return out
+	}
+	_ = done(nil)
+	var rest []MarkerWrite
+	var restAt []int
+	for _, i := range todo {
+		if held, err := strconv.ParseInt(cmds[i].Val(), 10, 64); cmds[i].Err() == nil && err == nil && held >= writes[i].Generation {
+			continue // there: this generation or a newer one
+		}
+		rest = append(rest, writes[i])
+		restAt = append(restAt, i)
+	}
+	for k, r := range s.SetMany(ctx, rest) {
+		out[restAt[k]] = r
+	}
+	return out
+}

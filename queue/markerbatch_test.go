@@ -67,3 +67,75 @@ func TestMarkerStoreSetMany(t *testing.T) {
 		}
 	})
 }
+
+// ReassertMany answers as SetMany does, and writes nothing over a marker
+// that holds the generation or a newer one: its value and TTL stay.
+func TestMarkerStoreReassertMany(t *testing.T) {
+	t.Parallel()
+
+	t.Run("WritesOnlyWhatIsNotThere", func(t *testing.T) {
+		t.Parallel()
+		mr, mc := miniRedis(t)
+		s, err := NewMarkerStore(mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, v := range map[string]string{"same": "3", "older": "1", "newer": "5", "garbage": "not-a-number"} {
+			if err := mr.Set(MarkerKey(key), v); err != nil {
+				t.Fatal(err)
+			}
+			mr.SetTTL(MarkerKey(key), 2*time.Hour)
+		}
+		got := s.ReassertMany(t.Context(), []MarkerWrite{
+			{JobID: "same", Generation: 3, TTL: MarkerTTL},
+			{JobID: "older", Generation: 2, TTL: time.Hour},
+			{JobID: "newer", Generation: 3, TTL: MarkerTTL},
+			{JobID: "missing", Generation: 4, TTL: time.Hour},
+			{JobID: "garbage", Generation: 1, TTL: MarkerTTL},
+			{JobID: "expired", Generation: 1, TTL: 0},
+		})
+		want := []struct {
+			set bool
+			bad bool
+		}{{false, false}, {true, false}, {false, false}, {true, false}, {false, true}, {false, false}}
+		for i, w := range want {
+			if got[i].Set != w.set || errors.Is(got[i].Err, ErrBadMarker) != w.bad || (!w.bad && got[i].Err != nil) {
+				t.Errorf("write %d = %+v, want set %v, ErrBadMarker %v", i, got[i], w.set, w.bad)
+			}
+		}
+		for key, want := range map[string]string{"same": "3", "newer": "5", "older": "2", "missing": "4", "garbage": "not-a-number"} {
+			if v, _ := mr.Get(MarkerKey(key)); v != want {
+				t.Errorf("marker %s = %q, want %q", key, v, want)
+			}
+		}
+		// The markers found there keep their TTL: a re-assertion never
+		// extends one.
+		for _, key := range []string{"same", "newer"} {
+			if ttl := mr.TTL(MarkerKey(key)); ttl != 2*time.Hour {
+				t.Errorf("marker %s TTL = %v, want its 2h kept", key, ttl)
+			}
+		}
+		if ttl := mr.TTL(MarkerKey("missing")); ttl != time.Hour {
+			t.Errorf("restored marker TTL = %v, want the 1h left", ttl)
+		}
+		if mr.Exists(MarkerKey("expired")) {
+			t.Error("a marker past its 7 days was written")
+		}
+	})
+
+	t.Run("RedisDownFailsEveryWrite", func(t *testing.T) {
+		t.Parallel()
+		mr, mc := miniRedis(t)
+		s, err := NewMarkerStore(mc, WithMarkerOpTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mr.Close()
+		got := s.ReassertMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: MarkerTTL}, {JobID: "b", Generation: 1, TTL: MarkerTTL}})
+		for i, r := range got {
+			if r.Set || r.Err == nil || errors.Is(r.Err, ErrBadMarker) {
+				t.Errorf("write %d with Redis down = %+v, want a Redis error", i, r)
+			}
+		}
+	})
+}

@@ -14,6 +14,13 @@ import (
 // every marker of the last 7 days (Options.MarkerCheckWindow).
 const MarkerCheckWindowDefault = time.Hour
 
+// ReassertMarkers is a marker store that re-asserts many markers by
+// reading them first and writing only those not there;
+// *queue.MarkerStore is one. Its answers are SetMany's.
+type ReassertMarkers interface {
+	ReassertMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
+}
+
 // reassertPage is how many reaped jobs one statement reads and one marker
 // pipeline re-asserts (asynq's Inspector pages by the same number).
 const reassertPage = 1000
@@ -30,7 +37,8 @@ type reassertState struct {
 
 // reassertMarkers re-asserts the marker of every job reaped within the
 // marker's 7 days, by running the marker's own compare-and-set again in
-// pipelines of reassertPage: a marker that is there (this generation or a
+// pipelines of reassertPage (with ReassertMarkers, only for the keys a
+// pipeline of GETs did not find holding this generation or a newer one): a marker that is there (this generation or a
 // newer one) is left as it is, so a TTL is never extended and a newer
 // generation never overwritten; a missing one (written once and then lost
 // to a failover, an eviction or a delete, or never written) is set with
@@ -133,7 +141,12 @@ func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.
 			writes[i].TTL = 0 // SetMany sends nothing for it
 		}
 	}
-	results := r.setMany(ctx, writes)
+	var results []queue.MarkerResult
+	if rm, ok := r.markers.(ReassertMarkers); ok {
+		results = rm.ReassertMany(ctx, writes)
+	} else {
+		results = r.setMany(ctx, writes)
+	}
 	var confirm []jobs.MarkerRef
 	for i, out := range results {
 		j := page[i]
