@@ -14,30 +14,6 @@ import (
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
-// itemsTable is the product table of the Advance tests: one row per item a
-// batch produced.
-const itemsTable = `CREATE TABLE items (job_id text NOT NULL, n bigint NOT NULL, generation bigint NOT NULL)`
-
-// batch runs one batch the way a handler does: Advance first in the
-// transaction, then the batch's item rows unless the batch was replayed.
-func batch(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease, token string, from, count int64) (jobs.AdvanceResult, error) {
-	var res jobs.AdvanceResult
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		return res, err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	res, err = store.Advance(ctx, tx, lease, token, from, count)
-	if err != nil || res.Replayed {
-		return res, err
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO items (job_id, n, generation)
-SELECT $1, n, $2 FROM generate_series($3::bigint, $4::bigint) n`, lease.JobID, lease.Generation, from+1, from+count); err != nil {
-		return res, err
-	}
-	return res, tx.Commit(ctx)
-}
-
 func requireItems(t *testing.T, db *jobstest.DB, id string, want int64) {
 	t.Helper()
 	requireCount(t, db, want, `SELECT count(*) FROM items WHERE job_id = $1`, id)
@@ -57,7 +33,7 @@ func TestAdvance(t *testing.T) {
 	// claimed by w1 (generation 1).
 	start := func(t *testing.T) (*jobstest.DB, *jobs.Store, jobs.Lease) {
 		db, store := setup(t, nil)
-		db.Exec(t, itemsTable)
+		db.Exec(t, jobstest.ItemsTable)
 		lease := queued(t, db, store, jobstest.Job{ID: "j1", Type: "crawl.site", Total: ptr[int64](4)}, "w1")
 		return db, store, lease
 	}
@@ -67,7 +43,7 @@ func TestAdvance(t *testing.T) {
 		db, store, lease := start(t)
 		backdate(t, db, "j1", time.Hour, 10*time.Minute)
 		before := db.Read(t, "j1").UpdatedAt
-		res, err := batch(ctx, store, db, lease, "b1", 0, 3)
+		res, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 3)
 		requireNoErr(t, err)
 		if res.Cursor != 3 || res.Replayed || res.Generation != 1 {
 			t.Fatalf("result = %+v", res)
@@ -82,7 +58,7 @@ func TestAdvance(t *testing.T) {
 	t.Run("EveryRefusedBatchLeavesCursorBatchesAndRowsAsTheyWere", func(t *testing.T) {
 		t.Parallel()
 		db, store, lease := start(t)
-		_, err := batch(ctx, store, db, lease, "b1", 0, 2)
+		_, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 2)
 		requireNoErr(t, err)
 		for _, tc := range []struct {
 			token       string
@@ -98,7 +74,7 @@ func TestAdvance(t *testing.T) {
 			{"", 2, 1, jobs.ErrInvalidArgument, ""},
 			{"b2", 2, 0, jobs.ErrInvalidArgument, ""},
 		} {
-			_, err := batch(ctx, store, db, lease, tc.token, tc.from, tc.count)
+			_, err := jobstest.Batch(ctx, store, db, lease, tc.token, tc.from, tc.count)
 			requireIs(t, err, tc.want)
 			if got := jobs.ErrorCode(err); got != tc.code {
 				t.Fatalf("code of %v = %q, want %q", err, got, tc.code)
@@ -110,7 +86,7 @@ func TestAdvance(t *testing.T) {
 		requireLate(t, db, "j1") // none of these is a late result
 		missing := lease
 		missing.JobID = "missing"
-		_, err = batch(ctx, store, db, missing, "b2", 2, 1)
+		_, err = jobstest.Batch(ctx, store, db, missing, "b2", 2, 1)
 		requireIs(t, err, jobs.ErrNotFound)
 		requireBatches(t, db, "missing", 0)
 	})
@@ -118,11 +94,11 @@ func TestAdvance(t *testing.T) {
 	t.Run("RecordedTokenWithTheSameContentReplaysTheStoredCursor", func(t *testing.T) {
 		t.Parallel()
 		db, store, lease := start(t)
-		_, err := batch(ctx, store, db, lease, "b1", 0, 2)
+		_, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 2)
 		requireNoErr(t, err)
-		_, err = batch(ctx, store, db, lease, "b2", 2, 1)
+		_, err = jobstest.Batch(ctx, store, db, lease, "b2", 2, 1)
 		requireNoErr(t, err)
-		res, err := batch(ctx, store, db, lease, "b1", 0, 2)
+		res, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 2)
 		requireNoErr(t, err)
 		if !res.Replayed || res.Cursor != 2 || res.Generation != 1 {
 			t.Fatalf("replay = %+v, want cursor 2 replayed by generation 1", res)
@@ -135,14 +111,14 @@ func TestAdvance(t *testing.T) {
 	t.Run("StaleGenerationIsRefusedEvenForARecordedToken", func(t *testing.T) {
 		t.Parallel()
 		db, store, old := start(t)
-		_, err := batch(ctx, store, db, old, "b1", 0, 1)
+		_, err := jobstest.Batch(ctx, store, db, old, "b1", 0, 1)
 		requireNoErr(t, err)
 		claim(t, store, "j1", 1, "w2")
 		for _, tc := range []struct {
 			token       string
 			from, count int64
 		}{{"b1", 0, 1}, {"b2", 1, 1}} {
-			_, err := batch(ctx, store, db, old, tc.token, tc.from, tc.count)
+			_, err := jobstest.Batch(ctx, store, db, old, tc.token, tc.from, tc.count)
 			requireIs(t, err, jobs.ErrStaleWorker)
 		}
 		requireRow(t, db, "j1", jobs.StatusProcessing, 2, 1)
@@ -154,15 +130,15 @@ func TestAdvance(t *testing.T) {
 	t.Run("TerminalJobRefusesNewBatchesButReplaysRecordedOnes", func(t *testing.T) {
 		t.Parallel()
 		db, store, lease := start(t)
-		_, err := batch(ctx, store, db, lease, "b1", 0, 2)
+		_, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 2)
 		requireNoErr(t, err)
 		backdate(t, db, "j1", 2*time.Hour, time.Hour)
 		if !reap(t, store, "j1") {
 			t.Fatal("not reaped")
 		}
-		_, err = batch(ctx, store, db, lease, "b2", 2, 1)
+		_, err = jobstest.Batch(ctx, store, db, lease, "b2", 2, 1)
 		requireIs(t, err, jobs.ErrJobTerminal)
-		res, err := batch(ctx, store, db, lease, "b1", 0, 2)
+		res, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 2)
 		requireNoErr(t, err)
 		if !res.Replayed || res.Cursor != 2 {
 			t.Fatalf("replay on a FAILED job = %+v", res)
@@ -197,7 +173,7 @@ func TestAdvance(t *testing.T) {
 		t.Parallel()
 		db, store, first := start(t)
 		for i := int64(0); i < 2; i++ {
-			_, err := batch(ctx, store, db, first, fmt.Sprintf("t%d", i+1), i, 1)
+			_, err := jobstest.Batch(ctx, store, db, first, fmt.Sprintf("t%d", i+1), i, 1)
 			requireNoErr(t, err)
 		}
 		requireNoErr(t, store.Release(ctx, first)) // a retryable error
@@ -207,14 +183,14 @@ func TestAdvance(t *testing.T) {
 			t.Fatalf("second lease = %+v, want generation 2 at cursor 2 of 4", second)
 		}
 		for i := int64(0); i < 2; i++ { // tokens 1-2 re-sent by the new generation
-			res, err := batch(ctx, store, db, second, fmt.Sprintf("t%d", i+1), i, 1)
+			res, err := jobstest.Batch(ctx, store, db, second, fmt.Sprintf("t%d", i+1), i, 1)
 			requireNoErr(t, err)
 			if !res.Replayed || res.Cursor != i+1 || res.Generation != 1 {
 				t.Fatalf("re-sent token t%d = %+v", i+1, res)
 			}
 		}
 		for i := second.Cursor; i < 4; i++ {
-			res, err := batch(ctx, store, db, second, fmt.Sprintf("t%d", i+1), i, 1)
+			res, err := jobstest.Batch(ctx, store, db, second, fmt.Sprintf("t%d", i+1), i, 1)
 			requireNoErr(t, err)
 			if res.Replayed || res.Cursor != i+1 {
 				t.Fatalf("token t%d = %+v", i+1, res)
@@ -243,7 +219,7 @@ func TestAdvance(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-gate
-				res, err := batch(ctx, store, db, lease, "b1", 0, 3)
+				res, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 3)
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
@@ -274,12 +250,12 @@ func TestSetTotal(t *testing.T) {
 	t.Run("TotalGrowsAndMayNotGoBelowTheCursor", func(t *testing.T) {
 		t.Parallel()
 		db, store := setup(t, nil)
-		db.Exec(t, itemsTable)
+		db.Exec(t, jobstest.ItemsTable)
 		lease := queued(t, db, store, jobstest.Job{ID: "j1", Type: "crawl.site", Total: ptr[int64](4)}, "w1")
-		_, err := batch(ctx, store, db, lease, "b1", 0, 4)
+		_, err := jobstest.Batch(ctx, store, db, lease, "b1", 0, 4)
 		requireNoErr(t, err)
 		requireNoErr(t, store.SetTotal(ctx, lease, 10))
-		_, err = batch(ctx, store, db, lease, "b2", 4, 6)
+		_, err = jobstest.Batch(ctx, store, db, lease, "b2", 4, 6)
 		requireNoErr(t, err)
 		err = store.SetTotal(ctx, lease, 9)
 		requireIs(t, err, jobs.ErrOutOfRange)

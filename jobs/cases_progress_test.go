@@ -21,7 +21,7 @@ func TestCase_B12_ProgressKeepsAJobPastItsLimitFromBeingReaped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, store := setup(t, nil)
-	db.Exec(t, itemsTable)
+	db.Exec(t, jobstest.ItemsTable)
 	countWrites(t, db)
 	// J12 started at 08:00; the handler commits a batch and reports
 	// progress every 2 minutes. The scan comes at 11:00.
@@ -36,7 +36,7 @@ func TestCase_B12_ProgressKeepsAJobPastItsLimitFromBeingReaped(t *testing.T) {
 		// Two minutes pass since the last write of any kind.
 		db.Exec(t, `UPDATE jobs SET started_at = now() - interval '180 minutes' + $2::interval,
        updated_at = now() - interval '2 minutes' WHERE id = $1`, "J12", jobs.Interval(time.Duration(i-9)*2*time.Minute))
-		_, err := batch(ctx, store, db, lease, fmt.Sprintf("b%d", i), int64(i*10), 10)
+		_, err := jobstest.Batch(ctx, store, db, lease, fmt.Sprintf("b%d", i), int64(i*10), 10)
 		requireNoErr(t, err)
 		requireIdleUnder(t, db, "J12", 5*time.Second) // every committed batch moved updated_at
 		res, err := hb.Heartbeat(ctx, lease, int64(i*10+10))
@@ -128,13 +128,13 @@ func TestCase_B14_ThrottledHeartbeatsDoNotLoseCommittedProgress(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, store := setup(t, nil)
-	db.Exec(t, itemsTable)
+	db.Exec(t, jobstest.ItemsTable)
 	countWrites(t, db)
 	w1 := queued(t, db, store, jobstest.Job{ID: "J14", Type: "crawl.site", Total: ptr[int64](2000)}, "W1")
 	hb, clock := heartbeater(t, store)
 	clock.Advance(5 * time.Second)
 	for b := int64(1); b <= 9; b++ { // 10:00 .. 10:04:30, one batch of 100 every 30 s
-		_, err := batch(ctx, store, db, w1, fmt.Sprintf("batch-%d", b), (b-1)*100, 100)
+		_, err := jobstest.Batch(ctx, store, db, w1, fmt.Sprintf("batch-%d", b), (b-1)*100, 100)
 		requireNoErr(t, err)
 		_, err = hb.Heartbeat(ctx, w1, b*100)
 		requireNoErr(t, err)
@@ -151,14 +151,14 @@ func TestCase_B14_ThrottledHeartbeatsDoNotLoseCommittedProgress(t *testing.T) {
 		t.Fatalf("W2's lease = %+v, want generation 2 at cursor 900 of 2000", w2)
 	}
 	for b := int64(1); b <= 9; b++ {
-		res, err := batch(ctx, store, db, w2, fmt.Sprintf("batch-%d", b), (b-1)*100, 100)
+		res, err := jobstest.Batch(ctx, store, db, w2, fmt.Sprintf("batch-%d", b), (b-1)*100, 100)
 		requireNoErr(t, err)
 		if !res.Replayed || res.Cursor != b*100 || res.Generation != 1 {
 			t.Fatalf("re-sent batch-%d = %+v", b, res)
 		}
 		requireRow(t, db, "J14", jobs.StatusProcessing, 2, 900) // never backwards
 	}
-	res, err := batch(ctx, store, db, w2, "batch-10", 900, 100)
+	res, err := jobstest.Batch(ctx, store, db, w2, "batch-10", 900, 100)
 	requireNoErr(t, err)
 	if res.Replayed || res.Cursor != 1000 {
 		t.Fatalf("batch-10 = %+v", res)
@@ -175,11 +175,11 @@ func TestCase_B18_ShutdownDuringALongJob(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, store := setup(t, nil)
-	db.Exec(t, itemsTable)
+	db.Exec(t, jobstest.ItemsTable)
 	w1 := queued(t, db, store, jobstest.Job{ID: "J18", Type: "report.export", Total: ptr[int64](10)}, "W1")
 	w1hb, w1clock := heartbeater(t, store)
 	for i := int64(0); i < 3; i++ {
-		_, err := batch(ctx, store, db, w1, fmt.Sprintf("b%d", i+1), i, 1)
+		_, err := jobstest.Batch(ctx, store, db, w1, fmt.Sprintf("b%d", i+1), i, 1)
 		requireNoErr(t, err)
 	}
 	_, err := w1hb.Heartbeat(ctx, w1, 3)
@@ -195,7 +195,7 @@ func TestCase_B18_ShutdownDuringALongJob(t *testing.T) {
 
 	// Everything W1's handler writes afterwards names generation 1.
 	w1clock.Advance(jobs.HeartbeatIntervalDefault)
-	_, err = batch(ctx, store, db, w1, "b4", 3, 1)
+	_, err = jobstest.Batch(ctx, store, db, w1, "b4", 3, 1)
 	requireIs(t, err, jobs.ErrStaleWorker)
 	_, err = w1hb.Heartbeat(ctx, w1, 4)
 	requireIs(t, err, jobs.ErrStaleWorker)
@@ -216,7 +216,7 @@ func TestCase_B18_ShutdownDuringALongJob(t *testing.T) {
 	if reap(t, store, "J18") {
 		t.Fatal("J18 reaped because of the shutdown")
 	}
-	res, err := batch(ctx, store, db, w3, "b4", 3, 1)
+	res, err := jobstest.Batch(ctx, store, db, w3, "b4", 3, 1)
 	requireNoErr(t, err)
 	if res.Cursor != 4 || res.Replayed {
 		t.Fatalf("W3's batch = %+v", res)

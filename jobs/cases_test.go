@@ -16,9 +16,9 @@ import (
 // with the evidence the reaper reads (it re-checks the whole rule in SQL).
 // Markers, acks and retries are the queue package's part.
 
-func requireParent(t *testing.T, db *jobstest.DB, id string, want parentState) {
+func requireParent(t *testing.T, db *jobstest.DB, id string, want jobstest.ParentState) {
 	t.Helper()
-	got, err := readParent(context.Background(), db, id)
+	got, err := jobstest.ReadParent(context.Background(), db, id)
 	requireNoErr(t, err)
 	if got != want {
 		t.Fatalf("parent %s = %+v, want %+v", id, got, want)
@@ -28,8 +28,8 @@ func requireParent(t *testing.T, db *jobstest.DB, id string, want parentState) {
 func TestCase_B05_LateCompletionAfterReap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, store := setup(t, parentCascades("report.export", true))
-	db.Exec(t, parentSchema)
+	db, store := setup(t, jobstest.ParentCascades("report.export", true))
+	db.Exec(t, jobstest.ParentSchema)
 	db.Exec(t, `INSERT INTO parents (id, pending) VALUES ('P', 1)`)
 	w1 := queued(t, db, store, jobstest.Job{ID: "J5", Type: "report.export", ParentID: "P"}, "W1")
 	// Now is 09:31: W1 started at 09:00, last progress at 09:10.
@@ -39,7 +39,7 @@ func TestCase_B05_LateCompletionAfterReap(t *testing.T) {
 	}
 
 	// 09:33: W1 unblocks and completes: COMPLETED, parent READY, usage.
-	_, err := completeChild(ctx, store, db, w1)
+	_, err := jobstest.CompleteChild(ctx, store, db, w1)
 	requireIs(t, err, jobs.ErrJobTerminal)
 	if !strings.Contains(err.Error(), "FAILED (stalled)") {
 		t.Fatalf("W1's error does not say the job was reaped: %v", err)
@@ -48,7 +48,7 @@ func TestCase_B05_LateCompletionAfterReap(t *testing.T) {
 	if r.FailureReason != jobs.ReasonStalled {
 		t.Fatalf("failure reason = %q", r.FailureReason)
 	}
-	requireParent(t, db, "P", parentState{"FAILED", 0, 0, 1})
+	requireParent(t, db, "P", jobstest.ParentState{Status: "FAILED", Pending: 0, Completed: 0, Failed: 1})
 	requireCount(t, db, 0, `SELECT count(*) FROM parent_events WHERE kind = 'ready'`)
 	requireCount(t, db, 0, `SELECT count(*) FROM usage WHERE job_id = 'J5'`)
 	requireCount(t, db, 1, `SELECT count(*) FROM job_events WHERE job_id = 'J5' AND kind = 'reaped'`)
@@ -59,7 +59,7 @@ func TestCase_B06_StaleWorkerWritesAreRefused(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, store := setup(t, nil)
-	db.Exec(t, itemsTable)
+	db.Exec(t, jobstest.ItemsTable)
 	// W1 (generation 1) hangs inside the batch at cursor 380.
 	w1 := queued(t, db, store, jobstest.Job{ID: "J6", Type: "crawl.site", Cursor: 380, Total: ptr[int64](1000)}, "W1")
 	w1hb, w1clock := heartbeater(t, store)
@@ -73,7 +73,7 @@ func TestCase_B06_StaleWorkerWritesAreRefused(t *testing.T) {
 		t.Fatalf("W2's lease = %+v", w2)
 	}
 	for _, from := range []int64{380, 390} {
-		_, err := batch(ctx, store, db, w2, "batch-"+itoa(from/10+1), from, 10)
+		_, err := jobstest.Batch(ctx, store, db, w2, "batch-"+itoa(from/10+1), from, 10)
 		requireNoErr(t, err)
 	}
 	w2hb, w2clock := heartbeater(t, store)
@@ -85,7 +85,7 @@ func TestCase_B06_StaleWorkerWritesAreRefused(t *testing.T) {
 	w1clock.Advance(30 * time.Minute)
 	_, err = w1hb.Heartbeat(ctx, w1, 390)
 	requireIs(t, err, jobs.ErrStaleWorker)
-	_, err = batch(ctx, store, db, w1, "batch-39", 380, 10)
+	_, err = jobstest.Batch(ctx, store, db, w1, "batch-39", 380, 10)
 	requireIs(t, err, jobs.ErrStaleWorker)
 	_, err = store.CompleteWith(ctx, db.Pool, w1, nil)
 	requireIs(t, err, jobs.ErrStaleWorker)
@@ -105,7 +105,7 @@ func TestCase_B06_StaleWorkerWritesAreRefused(t *testing.T) {
 	}
 
 	// W2 goes on.
-	res, err := batch(ctx, store, db, w2, "batch-41", 400, 10)
+	res, err := jobstest.Batch(ctx, store, db, w2, "batch-41", 400, 10)
 	requireNoErr(t, err)
 	w2clock.Advance(jobs.HeartbeatIntervalDefault)
 	hb, err := w2hb.Heartbeat(ctx, w2, 410)
@@ -123,17 +123,17 @@ func TestCase_B07_StallFailedChildDoesNotCompleteItsParent(t *testing.T) {
 	for _, policy := range []struct {
 		name       string
 		failParent bool
-		afterReap  parentState
-		atEnd      parentState
+		afterReap  jobstest.ParentState
+		atEnd      jobstest.ParentState
 		endEvent   string
 	}{
-		{"FailParentPolicyFailsTheParentOnce", true, parentState{"FAILED", 2, 0, 1}, parentState{"FAILED", 0, 2, 1}, "failed"},
-		{"ToleratePolicyWaitsForTheOtherChildren", false, parentState{"WAITING_CHILDREN", 2, 0, 1}, parentState{"PARTIAL", 0, 2, 1}, "partial"},
+		{"FailParentPolicyFailsTheParentOnce", true, jobstest.ParentState{Status: "FAILED", Pending: 2, Completed: 0, Failed: 1}, jobstest.ParentState{Status: "FAILED", Pending: 0, Completed: 2, Failed: 1}, "failed"},
+		{"ToleratePolicyWaitsForTheOtherChildren", false, jobstest.ParentState{Status: "WAITING_CHILDREN", Pending: 2, Completed: 0, Failed: 1}, jobstest.ParentState{Status: "PARTIAL", Pending: 0, Completed: 2, Failed: 1}, "partial"},
 	} {
 		t.Run(policy.name, func(t *testing.T) {
 			t.Parallel()
-			db, store := setup(t, parentCascades("video.transcode", policy.failParent))
-			db.Exec(t, parentSchema)
+			db, store := setup(t, jobstest.ParentCascades("video.transcode", policy.failParent))
+			db.Exec(t, jobstest.ParentSchema)
 			// P's children are reaped (C2) or failed by a worker (D2): one
 			// domain transition, so P and Q must end alike.
 			db.Exec(t, `INSERT INTO parents (id, pending) VALUES ('P', 3), ('Q', 3)`)
@@ -152,10 +152,10 @@ func TestCase_B07_StallFailedChildDoesNotCompleteItsParent(t *testing.T) {
 			requireParent(t, db, "Q", policy.afterReap)
 
 			// A late completion of C2 changes nothing.
-			_, err := completeChild(ctx, store, db, leases["C2"])
+			_, err := jobstest.CompleteChild(ctx, store, db, leases["C2"])
 			requireIs(t, err, jobs.ErrJobTerminal)
 			for _, id := range []string{"C1", "C3", "D1", "D3"} {
-				_, err := completeChild(ctx, store, db, leases[id])
+				_, err := jobstest.CompleteChild(ctx, store, db, leases[id])
 				requireNoErr(t, err)
 			}
 			requireParent(t, db, "P", policy.atEnd)
@@ -176,8 +176,8 @@ func TestCase_B07_StallFailedChildDoesNotCompleteItsParent(t *testing.T) {
 func TestCase_B08_DoubleCompletionDoesNotDriveThePendingCountNegative(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, store := setup(t, parentCascades("report.export", true))
-	db.Exec(t, parentSchema)
+	db, store := setup(t, jobstest.ParentCascades("report.export", true))
+	db.Exec(t, jobstest.ParentSchema)
 	db.Exec(t, `INSERT INTO parents (id, pending) VALUES ('P', 3)`)
 	w1 := queued(t, db, store, jobstest.Job{ID: "C1", Type: "report.export", ParentID: "P"}, "W1")
 	c2 := queued(t, db, store, jobstest.Job{ID: "C2", Type: "report.export", ParentID: "P"}, "W3")
@@ -185,29 +185,29 @@ func TestCase_B08_DoubleCompletionDoesNotDriveThePendingCountNegative(t *testing
 
 	// C1 is redelivered; W2 runs it as generation 2 and completes at 10:50.
 	w2 := claim(t, store, "C1", 1, "W2")
-	_, err := completeChild(ctx, store, db, w2)
+	_, err := jobstest.CompleteChild(ctx, store, db, w2)
 	requireNoErr(t, err)
-	requireParent(t, db, "P", parentState{"WAITING_CHILDREN", 2, 1, 0})
+	requireParent(t, db, "P", jobstest.ParentState{Status: "WAITING_CHILDREN", Pending: 2, Completed: 1, Failed: 0})
 
 	// 10:52: W1 (generation 1) completes too.
-	_, err = completeChild(ctx, store, db, w1)
+	_, err = jobstest.CompleteChild(ctx, store, db, w1)
 	requireIs(t, err, jobs.ErrStaleWorker)
-	requireParent(t, db, "P", parentState{"WAITING_CHILDREN", 2, 1, 0})
+	requireParent(t, db, "P", jobstest.ParentState{Status: "WAITING_CHILDREN", Pending: 2, Completed: 1, Failed: 0})
 	requireLate(t, db, "C1", [2]string{"Complete", "stale_worker"})
 
 	for _, l := range []jobs.Lease{c2, c3} {
-		_, err := completeChild(ctx, store, db, l)
+		_, err := jobstest.CompleteChild(ctx, store, db, l)
 		requireNoErr(t, err)
 	}
-	requireParent(t, db, "P", parentState{"READY", 0, 3, 0})
+	requireParent(t, db, "P", jobstest.ParentState{Status: "READY", Pending: 0, Completed: 3, Failed: 0})
 
 	// Replaying W2's completion (same child, same generation) is a no-op.
-	res, err := completeChild(ctx, store, db, w2)
+	res, err := jobstest.CompleteChild(ctx, store, db, w2)
 	requireNoErr(t, err)
 	if !res.Replayed {
 		t.Fatalf("replay = %+v", res)
 	}
-	requireParent(t, db, "P", parentState{"READY", 0, 3, 0})
+	requireParent(t, db, "P", jobstest.ParentState{Status: "READY", Pending: 0, Completed: 3, Failed: 0})
 	requireCount(t, db, 1, `SELECT count(*) FROM parent_events WHERE parent_id = 'P' AND kind = 'ready'`)
 	requireCount(t, db, 1, `SELECT count(*) FROM usage WHERE job_id = 'C1'`)
 	requireCount(t, db, 3, `SELECT count(*) FROM usage`)

@@ -163,10 +163,10 @@ func TestLateCompletionRacedAgainstReap(t *testing.T) {
 	t.Run("CourseIsCompletedWithItsChapterOrFailedWithNone", func(t *testing.T) {
 		t.Parallel()
 		raceLateCompletion(t, raceFlow{
-			typ: "report.export", schema: courseSchema,
+			typ: "report.export", schema: jobstest.CourseSchema,
 			seed: `INSERT INTO courses (id) SELECT 'p' || i FROM generate_series(1, $1::int) i`,
 			work: func(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease, _ int) error {
-				_, err := addChapters(ctx, store, db, lease)
+				_, err := jobstest.AddChapters(ctx, store, db, lease)
 				return err
 			},
 			check: func(t *testing.T, db *jobstest.DB) {
@@ -183,10 +183,10 @@ func TestLateCompletionRacedAgainstReap(t *testing.T) {
 	t.Run("VideoIsChargedAtMostOnceAndOnlyWhenCompletedWithAllMetadata", func(t *testing.T) {
 		t.Parallel()
 		raceLateCompletion(t, raceFlow{
-			typ: "video.transcode", schema: videoSchema,
+			typ: "video.transcode", schema: jobstest.VideoSchema,
 			seed: `INSERT INTO videos (id) SELECT 'p' || i FROM generate_series(1, $1::int) i`,
 			work: func(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease, i int) error {
-				_, err := composeVideo(ctx, store, db, lease, i%10 == 9) // every tenth metadata update fails
+				_, err := jobstest.ComposeVideo(ctx, store, db, lease, i%10 == 9) // every tenth metadata update fails
 				return err
 			},
 			check: func(t *testing.T, db *jobstest.DB) {
@@ -207,11 +207,11 @@ func TestLateCompletionRacedAgainstReap(t *testing.T) {
 	t.Run("ExportIsDoneOrFailedAndTheSourceStaysReady", func(t *testing.T) {
 		t.Parallel()
 		raceLateCompletion(t, raceFlow{
-			typ: "report.export", schema: exportSchema, cascades: exportCascades,
+			typ: "report.export", schema: jobstest.ExportSchema, cascades: jobstest.ExportCascades,
 			seed: `WITH s AS (INSERT INTO sources (id) SELECT 's' || i FROM generate_series(1, $1::int) i RETURNING id)
 INSERT INTO exports (id, source_id) SELECT 'p' || substr(id, 2), id FROM s`,
 			work: func(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease, _ int) error {
-				return export(ctx, store, db, lease)
+				return jobstest.Export(ctx, store, db, lease)
 			},
 			check: func(t *testing.T, db *jobstest.DB) {
 				requireCount(t, db, 0, `SELECT count(*) FROM sources WHERE status <> 'READY'`)
@@ -226,10 +226,10 @@ INSERT INTO exports (id, source_id) SELECT 'p' || substr(id, 2), id FROM s`,
 	t.Run("ParentIsReadyOrFailedOnceAndNeverNegative", func(t *testing.T) {
 		t.Parallel()
 		raceLateCompletion(t, raceFlow{
-			typ: "video.transcode", schema: parentSchema, cascades: parentCascades("video.transcode", true),
+			typ: "video.transcode", schema: jobstest.ParentSchema, cascades: jobstest.ParentCascades("video.transcode", true),
 			seed: `INSERT INTO parents (id, pending) SELECT 'p' || i, 1 FROM generate_series(1, $1::int) i`,
 			work: func(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease, _ int) error {
-				_, err := completeChild(ctx, store, db, lease)
+				_, err := jobstest.CompleteChild(ctx, store, db, lease)
 				return err
 			},
 			check: func(t *testing.T, db *jobstest.DB) {

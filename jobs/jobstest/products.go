@@ -1,4 +1,4 @@
-package jobs_test
+package jobstest
 
 import (
 	"context"
@@ -7,26 +7,26 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
-// The product side of the seed's flows. Each flow's tables are created by
-// the test (never by migrations), and each worker function is written the
-// way the library asks handlers to be: external calls first (with
-// Lease.IdempotencyKey), then one transaction whose first write is the
-// completion.
+// The product side of the seed's flows, shared by the tests of every
+// package that runs them (the jobs tests, the race suite). Each flow's
+// tables are created by the test (never by migrations), and each worker
+// function is written the way the library asks handlers to be: external
+// calls first (with Lease.IdempotencyKey), then one transaction whose first
+// write is the completion.
 
-// Course: a job adds a chapter to a course; the course is the job's
-// parent_id.
-const courseSchema = `
+// CourseSchema holds the course flow's tables: a job adds a chapter (with a
+// lesson and a lecture) to a course; the course is the job's parent_id.
+const CourseSchema = `
 CREATE TABLE courses  (id text PRIMARY KEY, chapter_count int NOT NULL DEFAULT 0);
 CREATE TABLE chapters (id bigserial PRIMARY KEY, course_id text NOT NULL, job_id text NOT NULL, title text NOT NULL);
 CREATE TABLE lessons  (id bigserial PRIMARY KEY, chapter_id bigint NOT NULL REFERENCES chapters, title text NOT NULL);
 CREATE TABLE lectures (id bigserial PRIMARY KEY, lesson_id bigint NOT NULL REFERENCES lessons, body text NOT NULL);`
 
-// addChapters is the course handler's ending: the generated outline (an
+// AddChapters is the course handler's ending: the generated outline (an
 // external call already made) is written after Complete in one transaction.
-func addChapters(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease) (jobs.CompleteResult, error) {
+func AddChapters(ctx context.Context, store *jobs.Store, db *DB, lease jobs.Lease) (jobs.CompleteResult, error) {
 	return store.CompleteWith(ctx, db.Pool, lease, func(tx pgx.Tx) error {
 		var chapter, lesson int64
 		if err := tx.QueryRow(ctx, `INSERT INTO chapters (course_id, job_id, title) VALUES ($1, $2, 'Chapter') RETURNING id`,
@@ -44,18 +44,19 @@ func addChapters(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease 
 	})
 }
 
-// Video composition: the job renders a video (parent_id). Completion marks
-// it READY; metadata follows in separate writes; usage is charged only when
-// all metadata was written, re-checking the completion.
-const videoSchema = `
+// VideoSchema holds the video composition flow's tables: the job renders a
+// video (parent_id). Completion marks it READY; metadata follows in separate
+// writes; usage is charged only when all metadata was written, re-checking
+// the completion.
+const VideoSchema = `
 CREATE TABLE videos (id text PRIMARY KEY, status text NOT NULL DEFAULT 'RENDERING',
                      title text, duration_s int CHECK (duration_s > 0), thumbnail text);
 CREATE TABLE usage  (id bigserial PRIMARY KEY, job_id text NOT NULL, tenant_id text, units int NOT NULL);`
 
-// composeVideo is the video handler's ending. badMetadata makes the second
+// ComposeVideo is the video handler's ending. badMetadata makes the second
 // metadata update fail (a duration the table refuses). It reports whether
 // usage was charged.
-func composeVideo(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease, badMetadata bool) (bool, error) {
+func ComposeVideo(ctx context.Context, store *jobs.Store, db *DB, lease jobs.Lease, badMetadata bool) (bool, error) {
 	res, err := store.CompleteWith(ctx, db.Pool, lease, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE videos SET status = 'READY' WHERE id = $1`, lease.ParentID)
 		return err
@@ -92,20 +93,23 @@ func composeVideo(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease
 	return err == nil, err
 }
 
-// Export: the job exports a READY source into an export row (parent_id is
-// the export). A reaped export is marked FAILED by the on_failed cascade;
-// the source is never touched by a failure.
-const exportSchema = `
+// ExportSchema holds the export flow's tables: the job exports a READY
+// source into an export row (parent_id is the export). A reaped export is
+// marked FAILED by the on_failed cascade (ExportCascades); the source is
+// never touched by a failure.
+const ExportSchema = `
 CREATE TABLE sources (id text PRIMARY KEY, status text NOT NULL DEFAULT 'READY', exported_at timestamptz);
 CREATE TABLE exports (id text PRIMARY KEY, source_id text NOT NULL REFERENCES sources, status text NOT NULL DEFAULT 'RUNNING', url text);`
 
-var exportCascades = jobs.Cascades{"report.export": {
+// ExportCascades fails the export row of a failed or reaped report.export
+// job.
+var ExportCascades = jobs.Cascades{"report.export": {
 	OnFailed: []string{`UPDATE exports SET status = 'FAILED' WHERE id = @parent_id`},
 }}
 
-// export is the export handler's ending: the file was uploaded before (named
+// Export is the export handler's ending: the file was uploaded before (named
 // after the fencing token, so a refused attempt's file can be found).
-func export(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease) error {
+func Export(ctx context.Context, store *jobs.Store, db *DB, lease jobs.Lease) error {
 	_, err := store.CompleteWith(ctx, db.Pool, lease, func(tx pgx.Tx) error {
 		var source string
 		if err := tx.QueryRow(ctx, `UPDATE exports SET status = 'DONE', url = $2 WHERE id = $1 RETURNING source_id`,
@@ -118,11 +122,12 @@ func export(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.
 	return err
 }
 
-// Parent with pending children: the parent is a product row referenced by
-// the children's jobs.parent_id. Children are charged on completion; the
-// cascades keep the aggregate. The statements are written without guards
-// against double counting on purpose: only the fencing keeps them right.
-const parentSchema = `
+// ParentSchema holds the tables of a parent with pending children: the
+// parent is a product row referenced by the children's jobs.parent_id.
+// Children are charged on completion; the cascades (ParentCascades) keep
+// the aggregate. The statements are written without guards against double
+// counting on purpose: only the fencing keeps them right.
+const ParentSchema = `
 CREATE TABLE parents (id text PRIMARY KEY, status text NOT NULL DEFAULT 'WAITING_CHILDREN',
                       pending int NOT NULL, completed int NOT NULL DEFAULT 0, failed int NOT NULL DEFAULT 0);
 CREATE TABLE parent_events (id bigserial PRIMARY KEY, parent_id text NOT NULL, kind text NOT NULL);
@@ -142,10 +147,10 @@ WITH p AS (
 INSERT INTO parent_events (parent_id, kind)
 SELECT id, lower(status) FROM p WHERE pending = 0 AND status IN ('READY', 'PARTIAL')`
 
-// parentCascades returns the cascades of type typ under a policy: failParent
+// ParentCascades returns the cascades of type typ under a policy: failParent
 // fails the parent at the first failed child; otherwise the parent tolerates
 // failures, waits for the other children and ends PARTIAL.
-func parentCascades(typ string, failParent bool) jobs.Cascades {
+func ParentCascades(typ string, failParent bool) jobs.Cascades {
 	onFailed := `
 WITH p AS (
     UPDATE parents
@@ -170,24 +175,50 @@ INSERT INTO parent_events (parent_id, kind) SELECT id, 'partial' FROM p WHERE pe
 	}}
 }
 
-// completeChild is a child handler's ending: completion (with its cascade)
+// CompleteChild is a child handler's ending: completion (with its cascade)
 // and the child's usage charge in one transaction.
-func completeChild(ctx context.Context, store *jobs.Store, db *jobstest.DB, lease jobs.Lease) (jobs.CompleteResult, error) {
+func CompleteChild(ctx context.Context, store *jobs.Store, db *DB, lease jobs.Lease) (jobs.CompleteResult, error) {
 	return store.CompleteWith(ctx, db.Pool, lease, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO usage (job_id, tenant_id, units) VALUES ($1, nullif($2, ''), 1)`, lease.JobID, lease.TenantID)
 		return err
 	})
 }
 
-// parentState is a parents row.
-type parentState struct {
+// ParentState is a parents row (ReadParent).
+type ParentState struct {
 	Status                     string
 	Pending, Completed, Failed int
 }
 
-func readParent(ctx context.Context, db *jobstest.DB, id string) (parentState, error) {
-	var p parentState
+// ReadParent reads parents row id.
+func ReadParent(ctx context.Context, db *DB, id string) (ParentState, error) {
+	var p ParentState
 	err := db.Pool.QueryRow(ctx, `SELECT status, pending, completed, failed FROM parents WHERE id = $1`, id).
 		Scan(&p.Status, &p.Pending, &p.Completed, &p.Failed)
 	return p, err
+}
+
+// ItemsTable is the product table of the batch flow: one row per item a
+// batch produced, with the generation of the attempt that wrote it.
+const ItemsTable = `CREATE TABLE items (job_id text NOT NULL, n bigint NOT NULL, generation bigint NOT NULL)`
+
+// Batch runs one batch of the batch flow the way a handler does: Advance
+// first in the transaction, then the batch's item rows (items from+1 to
+// from+count, ItemsTable) unless the batch was replayed.
+func Batch(ctx context.Context, store *jobs.Store, db *DB, lease jobs.Lease, token string, from, count int64) (jobs.AdvanceResult, error) {
+	var res jobs.AdvanceResult
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	res, err = store.Advance(ctx, tx, lease, token, from, count)
+	if err != nil || res.Replayed {
+		return res, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO items (job_id, n, generation)
+SELECT $1, n, $2 FROM generate_series($3::bigint, $4::bigint) n`, lease.JobID, lease.Generation, from+1, from+count); err != nil {
+		return res, err
+	}
+	return res, tx.Commit(ctx)
 }
