@@ -100,7 +100,9 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 		cursor, firstGen int64
 		total            *int64
 	)
-	err := tx.QueryRow(ctx, s.q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total, &firstGen)
+	err := lockedRead(func() error {
+		return tx.QueryRow(ctx, s.q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total, &firstGen)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AdvanceResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}

@@ -167,7 +167,9 @@ SELECT status, generation, coalesce(failure_reason, '') FROM {schema}.jobs WHERE
 func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) error {
 	ctx, done := s.op(ctx, "CheckCompleted")
 	var st jobState
-	err := tx.QueryRow(ctx, s.q(checkCompletedSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
+	err := lockedRead(func() error {
+		return tx.QueryRow(ctx, s.q(checkCompletedSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}

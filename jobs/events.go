@@ -60,6 +60,23 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// lockedRead runs read, a statement that locks a job row by ID, and runs it
+// once more when it found no row. A row deleted while the statement waited
+// for its lock may have been replaced in the same transaction by a new
+// life of the ID (the product deleted the row and inserted the ID again):
+// under READ COMMITTED the waiting statement skips the deleted version and
+// its snapshot cannot see the new row, so "no row" would be the wrong
+// answer for a job that exists. The second statement takes a new snapshot
+// and finds the new life, whose generation then refuses a superseded
+// attempt as stale. A row that is really gone answers no row again.
+func lockedRead(read func() error) error {
+	err := read()
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = read()
+	}
+	return err
+}
+
 const readStateSQL = `SELECT status, generation, coalesce(failure_reason, '') FROM {schema}.jobs WHERE id = $1`
 
 // readState reads job id's state through q; it returns an error wrapping

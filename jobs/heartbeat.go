@@ -336,8 +336,10 @@ func (s *Store) heartbeat(ctx context.Context, lease Lease, progress int64) (boo
 		written bool
 		st      jobState
 	)
-	err := s.db.QueryRow(ctx, s.q(heartbeatSQL), namedLease(lease, "progress", progress)).
-		Scan(&written, &st.Status, &st.Generation, &st.FailureReason)
+	err := lockedRead(func() error {
+		return s.db.QueryRow(ctx, s.q(heartbeatSQL), namedLease(lease, "progress", progress)).
+			Scan(&written, &st.Status, &st.Generation, &st.FailureReason)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -172,6 +173,60 @@ VALUES ('T', 'page-1', 7, 0, 10, 10)`)
 		requireIs(t, err, jobs.ErrStaleWorker)
 		requireRow(t, db, "R", jobs.StatusProcessing, 3, 0)
 		requireCount(t, db, 0, `SELECT count(*) FROM job_batches WHERE job_id = 'R'`)
+	})
+
+	// The product deletes the row and inserts the ID again in one
+	// transaction while a first-life attempt's write waits for the row's
+	// lock. The waiting statement's snapshot cannot see the new row, but the
+	// row is there: the answer is stale, as for any other superseded
+	// attempt, with its late_result_rejected event, never "job not found".
+	t.Run("FirstLifeWriteThatWaitedOnTheRowBeingReplacedIsStale", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			op    string
+			write func(db *jobstest.DB, store *jobs.Store, zombie jobs.Lease) error
+		}{
+			{"Advance", func(db *jobstest.DB, store *jobs.Store, zombie jobs.Lease) error {
+				return inTx(t, db, func(tx pgx.Tx) error {
+					_, err := store.Advance(ctx, tx, zombie, "page-1", 0, 10)
+					return err
+				})
+			}},
+			{"CheckCompleted", func(db *jobstest.DB, store *jobs.Store, zombie jobs.Lease) error {
+				return inTx(t, db, func(tx pgx.Tx) error { return store.CheckCompleted(ctx, tx, zombie) })
+			}},
+			{"Heartbeat", func(_ *jobstest.DB, store *jobs.Store, zombie jobs.Lease) error {
+				hb, _ := heartbeater(t, store)
+				_, err := hb.Heartbeat(ctx, zombie, 5)
+				return err
+			}},
+		} {
+			db, store := setupLives(t)
+			db.Insert(t, jobstest.Job{ID: "R", Type: "report.export", Status: jobs.StatusQueued, Total: ptr[int64](30)})
+			zombie := claim(t, store, "R", 0, "W1")
+			product, pid := conn(t, db)
+			for _, sql := range []string{`BEGIN`, `DELETE FROM jobs WHERE id = 'R'`,
+				`INSERT INTO jobs (id, type, status, total) VALUES ('R', 'report.export', 'QUEUED', 30)`} {
+				if _, err := product.Exec(ctx, sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out := make(chan error, 1)
+			go func() { out <- tc.write(db, store, zombie) }()
+			jobstest.Eventually(t, tc.op+" waits for the row's lock", func() bool {
+				return db.Count(t, `SELECT count(*) FROM pg_stat_activity
+ WHERE wait_event_type = 'Lock' AND pid <> $1 AND position($2 in query) > 0`, pid, db.Schema) == 1
+			})
+			if _, err := product.Exec(ctx, `COMMIT`); err != nil {
+				t.Fatal(err)
+			}
+			err := <-out
+			if !errors.Is(err, jobs.ErrStaleWorker) {
+				t.Fatalf("%s of the first life after the second replaced the row: %v, want %v", tc.op, err, jobs.ErrStaleWorker)
+			}
+			requireLate(t, db, "R", [2]string{tc.op, "stale_worker"})
+			requireRow(t, db, "R", jobs.StatusQueued, 2, 0)
+		}
 	})
 }
 
