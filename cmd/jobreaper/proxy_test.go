@@ -4,8 +4,12 @@ import (
 	"context"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // tcpProxy forwards connections from its own address to a target, and can
@@ -39,6 +43,23 @@ func startProxy(t *testing.T, target string) *tcpProxy {
 		p.wg.Wait()
 	})
 	return p
+}
+
+// proxyPostgres starts a proxy to the PostgreSQL server of databaseURL
+// and returns it with databaseURL rewritten to go through it: the test
+// cuts the proxy, never the shared server.
+func proxyPostgres(t *testing.T, databaseURL string) (*tcpProxy, string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := cfg.Host + ":" + strconv.Itoa(int(cfg.Port))
+	if !strings.Contains(databaseURL, server) {
+		t.Fatalf("database URL %s does not name its server as %s", databaseURL, server)
+	}
+	p := startProxy(t, server)
+	return p, strings.Replace(databaseURL, server, p.addr, 1)
 }
 
 func (p *tcpProxy) serve(ln net.Listener) {

@@ -5,12 +5,9 @@ import (
 	"io"
 	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -84,12 +81,7 @@ func TestReadyz(t *testing.T) {
 	db := jobstest.New(t)
 	// The daemon reaches PostgreSQL through a proxy the test cuts: the
 	// shared server itself is never touched.
-	cfg, err := pgx.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startProxy(t, cfg.Host+":"+itoa(int(cfg.Port)))
-	url := strings.Replace(db.URL, cfg.Host+":"+itoa(int(cfg.Port)), proxy.addr, 1)
+	proxy, url := proxyPostgres(t, db.URL)
 	d := startDaemon(t, "--database-url", url, "--schema", db.Schema, "--redis-url", redisTestURL(),
 		"--queues", unique("ready"), "--interval", "1s", "--stall-timeout", "11m", "--op-timeout", "2s")
 
@@ -118,5 +110,3 @@ func TestReadyz(t *testing.T) {
 		t.Fatalf("exit code %d:\n%s", code, d.stderr.String())
 	}
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
