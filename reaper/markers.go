@@ -5,32 +5,29 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
-
-// markerWritten records in the job row that its marker is in Redis. If
-// that fails, a later pass finds the marker "missing", re-sets it (a no-op:
-// the compare-and-set keeps the existing one) and records it then.
-func (r *Reaper) markerWritten(ctx context.Context, jobID string, generation int64) {
-	if err := r.store.MarkMarkerSet(ctx, jobID, generation); err != nil {
-		r.log.Warn("could not record the marker write; a later pass records it", "job_id", jobID, "err", err)
-	}
-}
 
 // repairMarkers re-sets the markers of jobs reaped within the marker's
 // lifetime whose marker write was never confirmed (Redis failed at the
 // reap). Each gets only what is left of its 7 days, counted from the reap
 // to now, the pass's database clock reading taken just before (no second
 // clock query); the marker's compare-and-set keeps a marker that is
-// already there.
+// already there. The writes go in one pipeline and the written ones are
+// recorded in one statement, so a repair after an outage costs two round
+// trips whatever the number of markers (at most
+// jobs.MarkerRepairLimitDefault a pass), not two per marker.
 //
 // One bad key never stops the others: a key holding something jobreaper
 // never writes (queue.ErrBadMarker) is an error of the pass naming the key,
 // once per pass, and the loop goes on. A failure that is not about one key
-// (Redis unreachable, the call's timeout) ends the repair for this pass,
-// since every later write would wait for the same timeout; the rest are
-// retried next pass. A failed read of the list of missing markers is a
-// database error of the pass (stage load), not a marker write failure.
+// (Redis unreachable, the call's timeout) ends the repair for this pass;
+// the markers not recorded are retried next pass. A failed read of the list
+// of missing markers is a database error of the pass (stage load), not a
+// marker write failure. A failed record of written markers is a warning:
+// the next pass finds them missing and records them (their compare-and-set
+// changes nothing).
 //
 // It returns the jobs whose marker it tried, so that the pass's
 // re-assertion (reassertMarkers) does not try them, or report a bad key,
@@ -45,32 +42,38 @@ func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) 
 		r.failed(ctx, res, stageLoad, "looking for missing markers failed; retried next pass", "err", err)
 		return tried
 	}
+	if len(missing) == 0 {
+		return tried
+	}
+	writes := make([]queue.MarkerWrite, len(missing))
 	for i, m := range missing {
-		if ctx.Err() != nil {
-			return tried
-		}
 		tried[m.JobID] = true
-		ttl := queue.MarkerRemaining(m.ReapedAt, now)
-		set, err := r.markers.Set(ctx, m.JobID, m.Generation, ttl)
-		if errors.Is(err, queue.ErrBadMarker) {
+		writes[i] = queue.MarkerWrite{JobID: m.JobID, Generation: m.Generation, TTL: queue.MarkerRemaining(m.ReapedAt, now)}
+	}
+	results := r.setMany(ctx, writes)
+	var written []jobs.MarkerRef
+	defer func() { r.confirm(ctx, written) }()
+	for i, out := range results {
+		m := missing[i]
+		if errors.Is(out.Err, queue.ErrBadMarker) {
 			r.failed(ctx, res, stageMarker, "marker repair failed: the key holds a value jobreaper never writes; "+
 				"delete the key and the next pass writes the marker (the FAILED row still refuses the task)",
-				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "generation", m.Generation, "err", err)
+				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "generation", m.Generation, "err", out.Err)
 			continue
 		}
-		if err != nil {
+		if out.Err != nil {
 			r.failed(ctx, res, stageMarker, "marker repair failed; Redis looks unavailable, the remaining markers are retried next pass",
-				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "remaining", len(missing)-i, "err", err)
+				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "remaining", len(missing)-i, "err", out.Err)
 			return tried
 		}
-		r.markerWritten(ctx, m.JobID, m.Generation)
-		if !set {
+		written = append(written, jobs.MarkerRef{JobID: m.JobID, Generation: m.Generation})
+		if !out.Set {
 			continue // already there, or its 7 days are over
 		}
 		r.opts.Metrics.markerRepaired(causeWriteFailed)
 		res.MarkersRestored++
 		r.log.Info("marker re-set after an earlier failed write", "job_id", m.JobID, "generation", m.Generation,
-			"ttl", ttl, "reaped_at", m.ReapedAt)
+			"ttl", writes[i].TTL, "reaped_at", m.ReapedAt)
 	}
 	return tried
 }

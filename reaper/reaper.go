@@ -27,7 +27,6 @@ type Store interface {
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
 	ReapBatch(ctx context.Context, p jobs.ReapBatchParams) (jobs.ReapBatchResult, error)
 	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
-	MarkMarkerSet(ctx context.Context, jobID string, generation int64) error
 	MarkMarkersSet(ctx context.Context, refs []jobs.MarkerRef) error
 	MarkMarkersFailed(ctx context.Context, refs []jobs.MarkerRef) error
 	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)

@@ -78,6 +78,16 @@ func (c *countingMarkers) Set(ctx context.Context, jobID string, generation int6
 	return c.MarkerStore.Set(ctx, jobID, generation, ttl)
 }
 
+// SetMany counts the writes it sends: those with a TTL of 1 ms or more.
+func (c *countingMarkers) SetMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult {
+	for _, w := range writes {
+		if w.TTL.Milliseconds() > 0 {
+			c.sets++
+		}
+	}
+	return c.MarkerStore.SetMany(ctx, writes)
+}
+
 // brokenMarkers fails every write, as Redis does during an outage.
 type brokenMarkers struct{}
 

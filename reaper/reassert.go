@@ -195,7 +195,9 @@ func (r *Reaper) confirm(ctx context.Context, refs []jobs.MarkerRef) {
 }
 
 // setMany writes markers in one pipeline when the store can, one Set each
-// otherwise.
+// otherwise. Without a pipeline, the first failure that is not about its
+// key (Redis unreachable, the call's timeout) is the answer of every write
+// after it too, which are not sent: each would wait for the same timeout.
 func (r *Reaper) setMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult {
 	if bm, ok := r.markers.(BatchMarkers); ok {
 		return bm.SetMany(ctx, writes)
@@ -203,6 +205,12 @@ func (r *Reaper) setMany(ctx context.Context, writes []queue.MarkerWrite) []queu
 	out := make([]queue.MarkerResult, len(writes))
 	for i, w := range writes {
 		out[i].Set, out[i].Err = r.markers.Set(ctx, w.JobID, w.Generation, w.TTL)
+		if out[i].Err != nil && !errors.Is(out[i].Err, queue.ErrBadMarker) {
+			for j := i + 1; j < len(out); j++ {
+				out[j].Err = out[i].Err
+			}
+			break
+		}
 	}
 	return out
 }
