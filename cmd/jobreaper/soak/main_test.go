@@ -1,0 +1,55 @@
+// Package soak holds TestReliabilitySoak, the soak of the reliability
+// suites: the jobreaper binary as a daemon against a fleet of worker
+// processes under a stream of jobs. It is a package of its own so that its
+// minutes run beside the other packages' tests, not inside the time limit
+// of cmd/jobreaper's.
+package soak
+
+import (
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// The RSS sampler and the daemon's log reader end before the test
+	// does; the worker processes close their pools, clients and server.
+	goleak.VerifyTestMain(m)
+}
+
+// fleetDeadline bounds the waits of the soak's set-up and shut-down (a
+// process starting, a server registering, a process exiting): they poll,
+// and a slow CI machine gets plenty of room.
+const fleetDeadline = 90 * time.Second
+
+// waitFor polls cond every 100 ms until it holds, failing the test after
+// fleetDeadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(fleetDeadline)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting until %s", fleetDeadline, what)
+		}
+		time.Sleep(100 * time.Millisecond) // polling
+	}
+}
+
+// buildBinary builds the jobreaper command into a temporary directory and
+// returns its path.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go") // go test puts its own go first on PATH
+	if err != nil {
+		t.Fatalf("the go command is not on PATH: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "jobreaper")
+	cmd := exec.CommandContext(t.Context(), goBin, "build", "-o", bin, "github.com/jobreaper/jobreaper/cmd/jobreaper")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building jobreaper: %v\n%s", err, out)
+	}
+	return bin
+}

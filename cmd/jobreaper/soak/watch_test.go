@@ -1,0 +1,229 @@
+package soak
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// tailBuffer keeps the last max bytes written to it, so that a process's
+// log can be shown when a test fails without the test's memory growing
+// with the length of the run.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func newTailBuffer(max int) *tailBuffer { return &tailBuffer{max: max} }
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - b.max; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+// passStats is what the soak reads from the daemon's own log (JSON lines
+// at debug level: every pass logs its end with duration_ms, whatever it
+// did): the longest pass and the longest time between the starts of two
+// consecutive passes, which is the interval the daemon really kept (a
+// pass longer than the interval, the leader lease statement before a pass
+// and the scheduler's delays all lengthen it).
+type passStats struct {
+	Passes       int
+	ErrorPasses  int // passes that finished with errors or could not run
+	LongestPass  time.Duration
+	LongestGap   time.Duration
+	lastStart    time.Time
+	reapedLogged int // "job reaped" lines
+}
+
+// soakDaemon is one `jobreaper run` process of the real binary whose
+// stderr is parsed line by line as it is written (constant memory).
+type soakDaemon struct {
+	cmd  *exec.Cmd
+	tail *tailBuffer
+	done chan struct{} // closed when the log reader returns
+
+	mu    sync.Mutex
+	stats passStats
+}
+
+// startSoakDaemon starts bin as a daemon with args (which must include
+// --log-format json --log-level debug) and reads its log. It is stopped
+// (SIGKILL) at cleanup if still running; stop ends it cleanly.
+func startSoakDaemon(t *testing.T, bin string, args ...string) *soakDaemon {
+	t.Helper()
+	d := &soakDaemon{tail: newTailBuffer(64 << 10), done: make(chan struct{})}
+	d.cmd = exec.Command(bin, append([]string{"run"}, args...)...)
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go d.read(stderr)
+	t.Cleanup(func() {
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		_ = d.cmd.Wait()
+		if t.Failed() {
+			t.Logf("the daemon's log (its end):\n%s", d.tail.String())
+		}
+	})
+	return d
+}
+
+// read parses the daemon's log lines until the pipe closes.
+func (d *soakDaemon) read(r io.Reader) {
+	defer close(d.done)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.Contains(line, []byte(`"msg":"job skipped"`)) {
+			_, _ = d.tail.Write(append(line, '\n'))
+		}
+		d.parse(line)
+	}
+	_, _ = io.Copy(io.Discard, r)
+}
+
+func (d *soakDaemon) parse(line []byte) {
+	isPass := bytes.Contains(line, []byte(`"duration_ms"`)) && bytes.Contains(line, []byte(`"msg":"pass `))
+	isReap := bytes.Contains(line, []byte(`"msg":"job reaped"`))
+	if !isPass && !isReap {
+		return
+	}
+	var rec struct {
+		Time       time.Time `json:"time"`
+		Level      string    `json:"level"`
+		Msg        string    `json:"msg"`
+		DurationMS int64     `json:"duration_ms"`
+	}
+	if json.Unmarshal(line, &rec) != nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := &d.stats
+	if isReap {
+		s.reapedLogged++
+		return
+	}
+	// duration_ms is truncated to the millisecond: count the whole one.
+	dur := time.Duration(rec.DurationMS+1) * time.Millisecond
+	start := rec.Time.Add(-dur)
+	s.Passes++
+	if rec.Level == "WARN" || rec.Level == "ERROR" {
+		s.ErrorPasses++
+	}
+	s.LongestPass = max(s.LongestPass, dur)
+	if !s.lastStart.IsZero() {
+		s.LongestGap = max(s.LongestGap, start.Sub(s.lastStart))
+	}
+	s.lastStart = start
+}
+
+func (d *soakDaemon) passStats() passStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stats
+}
+
+// stop ends the daemon with SIGTERM and waits for it to exit.
+func (d *soakDaemon) stop(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("stopping the daemon: %v", err)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(fleetDeadline):
+		t.Fatalf("the daemon did not exit within %s of SIGTERM", fleetDeadline)
+	}
+	if err := d.cmd.Wait(); err != nil {
+		t.Errorf("the daemon's exit after SIGTERM: %v (want 0)", err)
+	}
+}
+
+// rssPeaks is the peak resident set size (VmRSS of /proc/<pid>/status) of
+// a process in each quarter of a run of a known length, sampled every
+// second: constant memory, however long the run.
+type rssPeaks struct {
+	Quarters [4]int64 // bytes
+	Samples  int
+}
+
+// First and Last are the peaks of the first and of the last quarter.
+func (p rssPeaks) First() int64 { return p.Quarters[0] }
+func (p rssPeaks) Last() int64  { return p.Quarters[3] }
+
+// sampleRSS samples pid from now for length, then returns the peaks.
+// It stops early when stop is closed.
+func sampleRSS(pid int, length time.Duration, stop <-chan struct{}) (rssPeaks, error) {
+	var p rssPeaks
+	begin := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		elapsed := time.Since(begin)
+		if elapsed >= length {
+			return p, nil
+		}
+		rss, err := vmRSS(pid)
+		if err != nil {
+			return p, err
+		}
+		p.Samples++
+		quarter := min(int(4*elapsed/length), 3)
+		p.Quarters[quarter] = max(p.Quarters[quarter], rss)
+		select {
+		case <-stop:
+			return p, nil
+		case <-tick.C:
+		}
+	}
+}
+
+// vmRSS returns VmRSS of /proc/<pid>/status in bytes.
+func vmRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmRSS of %d: %q: %w", pid, rest, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no VmRSS line", pid)
+}
+
+// mib converts bytes to MiB, to one decimal.
+func mib(b int64) float64 { return float64(b*10>>20) / 10 }
