@@ -134,10 +134,15 @@ func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Admission, error) 
 		cgen, ccursor, ctotal, cfirst *int64
 		cstarted                      pgtype.Timestamptz
 	)
-	err := s.db.QueryRow(ctx, s.q(admitSQL), pgx.NamedArgs{
-		"job_id": req.JobID, "worker": req.Worker, "marker": marker, "claim": req.Claim,
-	}).Scan(&a.Status, &a.Generation, &a.FailureReason, &snapGen,
-		&cid, &cgen, &cworker, &ctype, &cqueue, &cparent, &ctenant, &ccursor, &ctotal, &cstarted, &cfirst)
+	// A row replaced by a new life of the ID while cur waited for its lock
+	// reads as no row; lockedRead asks once more, and the new statement
+	// admits the new life as a later delivery would.
+	err := lockedRead(func() error {
+		return s.db.QueryRow(ctx, s.q(admitSQL), pgx.NamedArgs{
+			"job_id": req.JobID, "worker": req.Worker, "marker": marker, "claim": req.Claim,
+		}).Scan(&a.Status, &a.Generation, &a.FailureReason, &snapGen,
+			&cid, &cgen, &cworker, &ctype, &cqueue, &cparent, &ctenant, &ccursor, &ctotal, &cstarted, &cfirst)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Admission{Outcome: AdmitNoRow}, done(nil)
 	}

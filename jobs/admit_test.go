@@ -196,3 +196,50 @@ func waitForLockWaiters(t *testing.T, db *jobstest.DB, n int64) {
  WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, db.Schema) >= n
 	})
 }
+
+// The product deletes a job's row and inserts the ID again in one
+// transaction while the start guard's Admit waits for the row's lock. The
+// waiting statement's snapshot cannot see the new row, but the job exists:
+// Admit answers from the new life (it claims it, as a delivery a moment
+// later would), never "no row", which asynq would count as a failed
+// attempt and so spend a retry of a job that is there.
+func TestAdmitOfARowReplacedByANewLifeWhileItWaitedClaimsTheNewLife(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := jobstest.New(t)
+	db.JobType(t, "report.export", "1 hour", "", "")
+	store := db.Store()
+	db.Insert(t, jobstest.Job{ID: "R", Type: "report.export", Status: jobs.StatusQueued})
+	first := claim(t, store, "R", 0, "W1")
+	product, pid := conn(t, db)
+	for _, sql := range []string{`BEGIN`, `DELETE FROM jobs WHERE id = 'R'`,
+		`INSERT INTO jobs (id, type, status) VALUES ('R', 'report.export', 'QUEUED')`} {
+		if _, err := product.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type answer struct {
+		a   jobs.Admission
+		err error
+	}
+	out := make(chan answer, 1)
+	go func() {
+		a, err := store.Admit(ctx, jobs.AdmitRequest{JobID: "R", Worker: "W2", Claim: true})
+		out <- answer{a, err}
+	}()
+	jobstest.Eventually(t, "Admit waits for the row's lock", func() bool {
+		return db.Count(t, `SELECT count(*) FROM pg_stat_activity
+ WHERE wait_event_type = 'Lock' AND pid <> $1 AND position($2 in query) > 0`, pid, db.Schema) == 1
+	})
+	if _, err := product.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	got := <-out
+	if got.err != nil || got.a.Outcome != jobs.AdmitClaimed || got.a.Lease.Generation <= first.Generation || got.a.Lease.Worker != "W2" {
+		t.Fatalf("Admit after the row was replaced = %+v, %v; want the new life claimed by W2 above generation %d", got.a, got.err, first.Generation)
+	}
+	row := db.Read(t, "R")
+	if row.Status != jobs.StatusProcessing || row.Generation != got.a.Lease.Generation {
+		t.Fatalf("row after the admit = %+v, want PROCESSING at generation %d", row, got.a.Lease.Generation)
+	}
+}
