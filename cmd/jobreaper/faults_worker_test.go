@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -165,9 +166,12 @@ func TestFaultWorkerProcess(t *testing.T) {
 type workerChild struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	lines  chan string
 	exited chan struct{}
 	stderr *jobstest.SyncBuffer
+
+	mu   sync.Mutex
+	said []string      // every line of its stdout so far
+	news chan struct{} // a line was added
 }
 
 // startWorkerChild starts a worker process named name that stops at
@@ -178,7 +182,7 @@ func startWorkerChild(t *testing.T, f *faultFixture, srv *redistest.Server, name
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultWorkerProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envWorkerDB+"="+f.db.URL, envWorkerSchema+"="+f.db.Schema, envWorkerRedis+"="+srv.Addr,
 		envWorkerQueue+"="+faultQueue, envFaultWorkerName+"="+name, envFaultWorkerKillAt+"="+killAt)
-	c := &workerChild{cmd: cmd, lines: make(chan string, 100), exited: make(chan struct{}), stderr: &jobstest.SyncBuffer{}}
+	c := &workerChild{cmd: cmd, exited: make(chan struct{}), stderr: &jobstest.SyncBuffer{}, news: make(chan struct{}, 1)}
 	cmd.Stderr = c.stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -199,9 +203,12 @@ func startWorkerChild(t *testing.T, f *faultFixture, srv *redistest.Server, name
 				violations.Add(1)
 				t.Errorf("worker %s: %s", name, line)
 			}
+			c.mu.Lock()
+			c.said = append(c.said, line)
+			c.mu.Unlock()
 			select {
-			case c.lines <- line:
-			default: // nobody waits for it
+			case c.news <- struct{}{}:
+			default: // a wake-up is pending already
 			}
 		}
 		_ = cmd.Wait()
@@ -211,23 +218,42 @@ func startWorkerChild(t *testing.T, f *faultFixture, srv *redistest.Server, name
 		_ = cmd.Process.Kill()
 		<-c.exited
 		if t.Failed() {
-			t.Logf("worker %s stderr:\n%s", name, c.stderr.String())
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			t.Logf("worker %s stdout:\n%s\nstderr:\n%s", name, strings.Join(c.said, "\n"), c.stderr.String())
 		}
 	})
 	return c
 }
 
-// await waits until the process says a line that starts with prefix.
+// saidLine returns the first line the process said that starts with
+// prefix.
+func (c *workerChild) saidLine(prefix string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range c.said {
+		if strings.HasPrefix(l, prefix) {
+			return l, true
+		}
+	}
+	return "", false
+}
+
+// await waits until the process has said a line that starts with prefix,
+// at any time since its start.
 func (c *workerChild) await(t *testing.T, prefix string) string {
 	t.Helper()
 	deadline := time.After(faultWait)
 	for {
+		if line, ok := c.saidLine(prefix); ok {
+			return line
+		}
 		select {
-		case line := <-c.lines:
-			if strings.HasPrefix(line, prefix) {
+		case <-c.news:
+		case <-c.exited:
+			if line, ok := c.saidLine(prefix); ok {
 				return line
 			}
-		case <-c.exited:
 			t.Fatalf("the worker process exited while the test waited for %q:\n%s", prefix, c.stderr.String())
 		case <-deadline:
 			t.Fatalf("timed out after %s waiting for the worker process to say %q", faultWait, prefix)
