@@ -38,6 +38,20 @@ type StallRule struct {
 	DefaultHardTimeout time.Duration
 }
 
+// InMicroseconds returns r with each duration truncated to whole
+// microseconds: the rule as PostgreSQL receives it (an interval holds
+// microseconds; see Interval). A rule read from a configuration may carry
+// nanoseconds, and reaper.Decide judges with this form, so that a job idle
+// for exactly the stall timeout gets the same verdict from Go as from
+// StallPredicate.
+func (r StallRule) InMicroseconds() StallRule {
+	return StallRule{
+		DefaultStallTimeout: r.DefaultStallTimeout.Truncate(time.Microsecond),
+		MinStallTimeout:     r.MinStallTimeout.Truncate(time.Microsecond),
+		DefaultHardTimeout:  r.DefaultHardTimeout.Truncate(time.Microsecond),
+	}
+}
+
 func (r StallRule) args() pgx.NamedArgs {
 	return pgx.NamedArgs{
 		"default_stall": Interval(r.DefaultStallTimeout),

@@ -75,9 +75,15 @@ type Verdict struct {
 // clock's reading (jobs.Store.Now), since started_at and updated_at were
 // written by it. snap is nil when the task has no row.
 //
+// The rule is applied in whole microseconds (jobs.StallRule.InMicroseconds),
+// as PostgreSQL receives it: a configured duration with nanoseconds would
+// otherwise move the boundary by less than a microsecond on one side only.
+//
 // jobs.StallPredicate states the same rule in SQL; the boundary table in
-// decide_test.go holds the two to the same answers.
+// decide_test.go and FuzzDecideMatchesStallPredicate hold the two to the
+// same answers.
 func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
+	rule = rule.InMicroseconds()
 	switch {
 	case snap == nil:
 		return Verdict{Skip: SkipNoRow}

@@ -152,3 +152,40 @@ VALUES ($1, $2, $3, 1, 'boundary', now() - $4::interval, now() - $5::interval)`,
 		t.Fatal(err)
 	}
 }
+
+// A rule read from a configuration can carry nanoseconds (stall_timeout:
+// 14m59.999999969s); PostgreSQL receives it as an interval of whole
+// microseconds. Decide judges with the rule as PostgreSQL sees it, so that
+// a job idle for exactly that many microseconds gets the reap UPDATE's
+// verdict (found by FuzzDecideMatchesStallPredicate).
+func TestDecideJudgesTheRuleInWholeMicroseconds(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	started := now.Add(-31 * time.Minute)
+	rule := jobs.StallRule{DefaultStallTimeout: 15*time.Minute - 31*time.Nanosecond,
+		MinStallTimeout: 11*time.Minute - 28*time.Nanosecond, DefaultHardTimeout: jobs.HardTimeoutDefault + 999*time.Nanosecond}
+	for _, tc := range []struct {
+		name string
+		idle time.Duration
+		reap bool
+	}{
+		{"IdleEqualToTheStallTimeoutInMicroseconds", 15*time.Minute - time.Microsecond, true},
+		{"IdleOneMicrosecondShort", 15*time.Minute - 2*time.Microsecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := &jobs.Snapshot{ID: "J", Type: "t", Status: jobs.StatusProcessing, Generation: 1,
+				StartedAt: &started, UpdatedAt: now.Add(-tc.idle), Limits: &jobs.Limits{MaxRuntime: 30 * time.Minute}}
+			if v := reaper.Decide(snap, now, rule); v.Reap != tc.reap {
+				t.Fatalf("Decide = %+v, want reap %v", v, tc.reap)
+			}
+		})
+	}
+	t.Run("TypeStallEqualToTheMinimumInMicroseconds", func(t *testing.T) {
+		stall := 11*time.Minute - time.Microsecond
+		snap := &jobs.Snapshot{ID: "J", Type: "t", Status: jobs.StatusProcessing, Generation: 1,
+			StartedAt: &started, UpdatedAt: now.Add(-time.Hour), Limits: &jobs.Limits{MaxRuntime: 30 * time.Minute, StallTimeout: &stall}}
+		if v := reaper.Decide(snap, now, rule); !v.Reap {
+			t.Fatalf("Decide = %+v, want reap: the stall timeout equals the minimum PostgreSQL compares with", v)
+		}
+	})
+}
