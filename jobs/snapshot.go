@@ -67,6 +67,34 @@ type Limits struct {
 	HardTimeout *time.Duration
 	// AutoComplete: a handler returning nil without Complete completes the job.
 	AutoComplete bool
+
+	// The limits in whole microseconds, exact up to IntervalMicros'
+	// bound, when read from the database (exact is true); see Micros.
+	exact                         bool
+	maxRuntimeUs                  int64
+	stallTimeoutUs, hardTimeoutUs *int64
+}
+
+// Micros returns the limits in whole microseconds as PostgreSQL compares
+// them (30-day months, 24-hour days); stall and hard are nil when NULL.
+// For Limits read from the database they are exact up to about 292,000
+// years (IntervalMicros), where MaxRuntime and the other durations stop
+// at time.Duration's 292 years: a limit of '1000 years' must still compare
+// as longer than '500 years' and shorter than a runtime of 2,000 years, as
+// it does in StallPredicate. For Limits built in code they are the
+// durations, truncated to microseconds.
+func (l *Limits) Micros() (maxRuntime int64, stall, hard *int64) {
+	if l.exact {
+		return l.maxRuntimeUs, l.stallTimeoutUs, l.hardTimeoutUs
+	}
+	us := func(d *time.Duration) *int64 {
+		if d == nil {
+			return nil
+		}
+		v := d.Microseconds()
+		return &v
+	}
+	return l.MaxRuntime.Microseconds(), us(l.StallTimeout), us(l.HardTimeout)
 }
 
 const snapshotColumns = `
@@ -136,8 +164,11 @@ func (c *limitsCache) share(typ string, l *Limits) *Limits {
 
 func equalLimits(a, b Limits) bool {
 	eq := func(x, y *time.Duration) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	eqUs := func(x, y *int64) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
 	return a.MaxRuntime == b.MaxRuntime && a.AutoComplete == b.AutoComplete &&
-		eq(a.StallTimeout, b.StallTimeout) && eq(a.HardTimeout, b.HardTimeout)
+		eq(a.StallTimeout, b.StallTimeout) && eq(a.HardTimeout, b.HardTimeout) &&
+		a.exact == b.exact && a.maxRuntimeUs == b.maxRuntimeUs &&
+		eqUs(a.stallTimeoutUs, b.stallTimeoutUs) && eqUs(a.hardTimeoutUs, b.hardTimeoutUs)
 }
 
 // Get reads one job row and its type limits. It returns an error wrapping
@@ -188,10 +219,14 @@ func scanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 	}
 	if known {
 		sn.Limits = &Limits{
-			MaxRuntime:   IntervalDuration(maxRun),
-			StallTimeout: optionalDuration(stall),
-			HardTimeout:  optionalDuration(hardTO),
-			AutoComplete: auto,
+			MaxRuntime:     IntervalDuration(maxRun),
+			StallTimeout:   optionalDuration(stall),
+			HardTimeout:    optionalDuration(hardTO),
+			AutoComplete:   auto,
+			exact:          true,
+			maxRuntimeUs:   IntervalMicros(maxRun),
+			stallTimeoutUs: optionalMicros(stall),
+			hardTimeoutUs:  optionalMicros(hardTO),
 		}
 	}
 	return sn, nil
@@ -218,6 +253,44 @@ func IntervalDuration(iv pgtype.Interval) time.Duration {
 		return -MaxDuration
 	}
 	return time.Duration(iv.Microseconds)*time.Microsecond + time.Duration(days)*day
+}
+
+// IntervalMicros converts a PostgreSQL interval to whole microseconds the
+// way PostgreSQL compares intervals (a month is 30 days, a day 24 hours).
+// Beyond what an int64 holds (about 292,000 years, longer than any
+// difference of two PostgreSQL timestamps within 4713 BC to 294276 AD
+// from today) it saturates at math.MaxInt64 (math.MinInt64 below).
+func IntervalMicros(iv pgtype.Interval) int64 {
+	const dayUs = int64(24 * time.Hour / time.Microsecond)
+	days := int64(iv.Days) + 30*int64(iv.Months) // |days| < 2^37: no overflow
+	switch {
+	case days > math.MaxInt64/dayUs:
+		return math.MaxInt64
+	case days < math.MinInt64/dayUs:
+		return math.MinInt64
+	}
+	return AddMicros(days*dayUs, iv.Microseconds)
+}
+
+// AddMicros returns a + b, saturated at math.MaxInt64 and math.MinInt64
+// instead of wrapping around.
+func AddMicros(a, b int64) int64 {
+	sum := a + b
+	switch {
+	case a > 0 && b > 0 && sum < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && sum >= 0:
+		return math.MinInt64
+	}
+	return sum
+}
+
+func optionalMicros(iv pgtype.Interval) *int64 {
+	if !iv.Valid {
+		return nil
+	}
+	us := IntervalMicros(iv)
+	return &us
 }
 
 // MaxDuration is the longest time.Duration, about 292 years.

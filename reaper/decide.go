@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jobreaper/jobreaper/jobs"
@@ -109,20 +110,58 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 	if snap.Limits.HardTimeout != nil {
 		hard = *snap.Limits.HardTimeout
 	}
+	// The comparisons run in whole microseconds, exact far beyond
+	// time.Duration's 292 years (the Verdict's durations stop there): a
+	// limit of '1000 years' against a started_at of 0001-01-01 gets
+	// StallPredicate's answer.
+	maxUs, stallUs, hardUs := snap.Limits.Micros()
+	if stallUs == nil {
+		stallUs = ptr(rule.DefaultStallTimeout.Microseconds())
+	}
+	if hardUs == nil {
+		hardUs = ptr(rule.DefaultHardTimeout.Microseconds())
+	}
 	switch {
-	case v.StallTimeout < rule.MinStallTimeout:
+	case *stallUs < rule.MinStallTimeout.Microseconds():
 		v.Skip = SkipBadLimits
 		v.Why = fmt.Sprintf("stall timeout %s is below 2 x heartbeat interval + scan interval = %s", v.StallTimeout, rule.MinStallTimeout)
-	case hard <= v.MaxRuntime+v.StallTimeout:
+	case *hardUs <= jobs.AddMicros(maxUs, *stallUs):
 		v.Skip = SkipBadLimits
 		v.Why = fmt.Sprintf("hard_timeout %s is not longer than max_runtime + stall timeout = %s: asynq would cancel and retry the task first",
-			hard, v.MaxRuntime+v.StallTimeout)
-	case v.Runtime <= v.MaxRuntime:
+			hard, sumDuration(v.MaxRuntime, v.StallTimeout))
+	case microsBetween(*snap.StartedAt, now) <= maxUs:
 		v.Skip = SkipWithinLimit
-	case v.Idle < v.StallTimeout:
+	case microsBetween(snap.UpdatedAt, now) < *stallUs:
 		v.Skip = SkipProgressing
 	default:
 		v.Reap = true
 	}
 	return v
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// microsBetween returns to - from in whole microseconds (the database's
+// timestamps hold microseconds), saturated at the int64 bounds rather than
+// at time.Duration's 292 years.
+func microsBetween(from, to time.Time) int64 {
+	if d := to.Sub(from); d > math.MinInt64 && d < math.MaxInt64 {
+		return d.Microseconds()
+	}
+	secs := to.Unix() - from.Unix()
+	if secs > math.MaxInt64/1_000_000 {
+		return math.MaxInt64
+	}
+	if secs < math.MinInt64/1_000_000 {
+		return math.MinInt64
+	}
+	return jobs.AddMicros(secs*1_000_000, int64(to.Nanosecond()/1e3-from.Nanosecond()/1e3))
+}
+
+// sumDuration returns a + b, saturated at jobs.MaxDuration for a message.
+func sumDuration(a, b time.Duration) time.Duration {
+	if a > 0 && b > jobs.MaxDuration-a {
+		return jobs.MaxDuration
+	}
+	return a + b
 }

@@ -33,8 +33,12 @@ type boundaryCase struct {
 	maxRuntime, stall, hard string
 	status                  string // default PROCESSING
 	noStart                 bool
-	runtime, idle           time.Duration
-	want                    reaper.SkipReason // "" = reap
+	// started, when set, is started_at as a timestamp literal (runtime is
+	// then ignored): for start times further back than time.Duration's
+	// 292 years.
+	started       string
+	runtime, idle time.Duration
+	want          reaper.SkipReason // "" = reap
 }
 
 var boundaryTable = []boundaryCase{
@@ -57,6 +61,12 @@ var boundaryTable = []boundaryCase{
 	{name: "DayIntervalJustUnder", maxRuntime: "1 day", hard: "3 days", runtime: 24 * time.Hour, idle: 15 * time.Minute, want: reaper.SkipWithinLimit},
 	{name: "CenturiesLongLimitIsWithinLimit", maxRuntime: "1000 years", hard: "2000 years", runtime: 2 * time.Hour, idle: time.Hour, want: reaper.SkipWithinLimit},
 	{name: "CenturiesLongHardTimeoutStillReaps", maxRuntime: "30 minutes", hard: "500 years", runtime: 31 * time.Minute, idle: 20 * time.Minute},
+	// A placeholder start time (0001-01-01, over 2,000 years back) against
+	// limits longer than time.Duration's 292 years: compared exactly, as
+	// PostgreSQL compares them.
+	{name: "AncientStartPastAThousandYearLimit", maxRuntime: "1000 years", hard: "3000 years", started: "0001-01-01 00:00:00+00", idle: time.Hour},
+	{name: "AncientStartWithinAThreeThousandYearLimit", maxRuntime: "3000 years", hard: "6000 years", started: "0001-01-01 00:00:00+00", idle: time.Hour, want: reaper.SkipWithinLimit},
+	{name: "ThousandYearLimitWithoutHardTimeoutIsBadLimits", maxRuntime: "1000 years", started: "0001-01-01 00:00:00+00", idle: time.Hour, want: reaper.SkipBadLimits},
 	{name: "QueuedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
 	{name: "QueuedNeverClaimed", maxRuntime: "30 minutes", status: jobs.StatusQueued, noStart: true, idle: 20 * time.Minute, want: reaper.SkipNotProcessing},
 	{name: "CompletedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusCompleted, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
@@ -147,8 +157,8 @@ VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, 
 		started = nil
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, generation, queue, started_at, updated_at)
-VALUES ($1, $2, $3, 1, 'boundary', now() - $4::interval, now() - $5::interval)`,
-		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, jobs.Interval(tc.idle)); err != nil {
+VALUES ($1, $2, $3, 1, 'boundary', coalesce(nullif($6, '')::timestamptz, now() - $4::interval), now() - $5::interval)`,
+		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, jobs.Interval(tc.idle), tc.started); err != nil {
 		t.Fatal(err)
 	}
 }
