@@ -82,11 +82,23 @@ func (r StallRule) args() pgx.NamedArgs {
 // every statement that meets it. The CASE, whose branches PostgreSQL
 // evaluates in order (AND may be evaluated in any order), makes such a row
 // not stalled (NULL); reaper.Decide skips it as bad_row.
+//
+// max_runtime + stall timeout is not computed as an interval: for limits
+// such as '2000000000 months', or '70000000 mons -2100000000 days 1 hour'
+// (an hour, written oddly), the sum's months or days overflow and
+// PostgreSQL fails the statement ("interval out of range"), so one odd
+// job_types row would stop the reaps of its whole batch and the lost-task
+// search. Each interval is compared as an exact numeric of seconds
+// instead, the way PostgreSQL compares intervals (30-day months, 24-hour
+// days): extract(epoch) counts a year of months as 365.25 days, and
+// 453600 s (5.25 days) per year, extract(year), takes that back.
 const StallPredicate = `
       j.status COLLATE "C" = 'PROCESSING'
   AND j.started_at IS NOT NULL
   AND coalesce(t.stall_timeout, @default_stall) >= @min_stall
-  AND coalesce(t.hard_timeout, @default_hard) > t.max_runtime + coalesce(t.stall_timeout, @default_stall)
+  AND extract(epoch FROM coalesce(t.hard_timeout, @default_hard)) - 453600 * extract(year FROM coalesce(t.hard_timeout, @default_hard))
+    > extract(epoch FROM t.max_runtime) - 453600 * extract(year FROM t.max_runtime)
+    + extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) - 453600 * extract(year FROM coalesce(t.stall_timeout, @default_stall))
   AND CASE WHEN isfinite(j.started_at) AND isfinite(j.updated_at)
            THEN now() - j.started_at > t.max_runtime
             AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)

@@ -67,6 +67,12 @@ var boundaryTable = []boundaryCase{
 	{name: "AncientStartPastAThousandYearLimit", maxRuntime: "1000 years", hard: "3000 years", started: "0001-01-01 00:00:00+00", idle: time.Hour},
 	{name: "AncientStartWithinAThreeThousandYearLimit", maxRuntime: "3000 years", hard: "6000 years", started: "0001-01-01 00:00:00+00", idle: time.Hour, want: reaper.SkipWithinLimit},
 	{name: "ThousandYearLimitWithoutHardTimeoutIsBadLimits", maxRuntime: "1000 years", started: "0001-01-01 00:00:00+00", idle: time.Hour, want: reaper.SkipBadLimits},
+	// Limits whose sum is past what an interval holds: max_runtime +
+	// stall timeout cannot be computed as an interval ("interval out of
+	// range"), yet the row is judged, as bad limits, without an error.
+	{name: "LimitsWhoseSumOverflowsAnIntervalAreBadLimits", maxRuntime: "2000000000 months", stall: "2000000000 months", runtime: time.Hour, idle: time.Hour, want: reaper.SkipBadLimits},
+	{name: "LimitsWithMixedSignsThatOverflowWhenAdded", maxRuntime: "70000000 months -2100000000 days 1 hour", stall: "70000000 months -2100000000 days 20 minutes",
+		hard: "1000 years", started: "0001-01-01 00:00:00+00", idle: 2 * time.Hour},
 	{name: "QueuedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusQueued, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
 	{name: "QueuedNeverClaimed", maxRuntime: "30 minutes", status: jobs.StatusQueued, noStart: true, idle: 20 * time.Minute, want: reaper.SkipNotProcessing},
 	{name: "CompletedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusCompleted, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},

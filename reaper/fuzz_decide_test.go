@@ -99,6 +99,8 @@ func FuzzDecideMatchesStallPredicate(f *testing.F) {
 		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
 	f.Add(processing|16, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
 		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+	f.Add(processing, int32(math.MaxInt32), int32(0), int64(0), true, int32(math.MaxInt32), int32(0), int64(0), false, int32(0), int32(0), int64(0),
+		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
 	f.Add(uint8(0), int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
 		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
 
