@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -227,7 +228,7 @@ VALUES ('J', 'fz', $1, 1, 'fz',
 	}
 	v := reaper.Decide(&snap, now, rule)
 	describe := func() string {
-		return "row " + status + " runtime " + time.Duration(run*1000).String() + " idle " + time.Duration(idle*1000).String() +
+		return "row " + status + " runtime " + strconv.FormatInt(run, 10) + "µs idle " + strconv.FormatInt(idle, 10) + "µs" +
 			"; Decide: " + verdictString(v) + "; rule " + rule.DefaultStallTimeout.String() + "/" + rule.MinStallTimeout.String() + "/" +
 			rule.DefaultHardTimeout.String()
 	}
