@@ -18,9 +18,12 @@ import (
 // as generation g is overwritten by Set exactly when Set's generation is
 // greater than g.
 func FuzzMarkerValueReadAlikeByGetAndSet(f *testing.F) {
-	for _, v := range []string{"1", "7", "0", "yes", ""} {
+	for _, v := range []string{"1", "7", "0", "007", "yes", "", " 5", "5 ", "5.0", "+5", "-5", "0x10", "1e3", "inf", "nan",
+		"9223372036854775807", "9223372036854775808", "99999999999999999999", "١٢", "5\x00"} {
 		f.Add(v, int64(7))
 	}
+	// Doubles cannot tell these apart (2^53 and 2^53 + 1).
+	f.Add("9007199254740992", int64(9007199254740993))
 	rc := realRedis(f)
 	s, err := NewMarkerStore(rc)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/jobs"
 )
 
 // MarkerKeyPrefix starts the Redis key of every marker: the marker of job J
@@ -58,21 +60,58 @@ var ErrBadOption = errors.New("invalid option")
 //
 // KEYS[1] marker key; ARGV[1] generation (decimal); ARGV[2] TTL in ms.
 // Returns 1 when written, 0 when an equal or newer generation is already
-// there, -1 when the key holds something that is not a number.
+// there, -1 when the key holds something that is not a generation.
+//
+// The stored value is read by the rule Get applies (parseGeneration):
+// ASCII digits only, at most math.MaxInt64, compared as decimal strings.
+// Lua's tonumber would read " 5", "5.0", "0x10", "1e3" and "nan" as
+// numbers Get refuses, and compares as doubles, which cannot tell
+// generations apart above 2^53.
 var setMarkerScript = redis.NewScript(`
+local function generation(s)
+  if not string.find(s, "^%d+$") then
+    return nil
+  end
+  s = string.gsub(s, "^0+", "")
+  if s == "" then
+    s = "0"
+  end
+  if #s > 19 or (#s == 19 and s > "9223372036854775807") then
+    return nil
+  end
+  return s
+end
 local cur = redis.call("GET", KEYS[1])
 if cur then
-  local n = tonumber(cur)
+  local n = generation(cur)
   if n == nil then
     return -1
   end
-  if n >= tonumber(ARGV[1]) then
+  local g = generation(ARGV[1])
+  if #n > #g or (#n == #g and n >= g) then
     return 0
   end
 end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return 1
 `)
+
+// negativeGeneration is the error of a marker write whose generation is
+// below 0: generations count claims from 0, so no marker can hold one.
+func negativeGeneration(op, jobID string, generation int64) error {
+	return fmt.Errorf("queue.MarkerStore.%s: job %s: generation %d is negative: %w", op, jobs.QuoteID(jobID), generation, jobs.ErrInvalidArgument)
+}
+
+// parseGeneration reads a marker's value: a generation written in ASCII
+// digits (no sign, space or other notation), at most math.MaxInt64; ok is
+// false otherwise. setMarkerScript applies the same rule inside Redis.
+func parseGeneration(v string) (gen int64, ok bool) {
+	if v == "" || strings.TrimLeft(v, "0123456789") != "" {
+		return 0, false
+	}
+	g, err := strconv.ParseInt(v, 10, 64)
+	return g, err == nil
+}
 
 // MarkerStore reads and writes markers: the Redis key MarkerKeyPrefix+job
 // ID, holding the generation that was reaped as a decimal string, expiring
@@ -141,12 +180,17 @@ func MarkerRemaining(reapedAt, now time.Time) time.Duration {
 // or a newer generation. Errors: a call that exceeded the store's timeout
 // ("queue.MarkerStore.Set timed out after 5s: ...", wrapping
 // context.DeadlineExceeded); ErrBadMarker naming the key when the key holds
-// a non-numeric value or is not a string (it is left as is); any other
-// Redis error, wrapped.
+// a value that is not a generation by Get's rule (ASCII digits only, at
+// most math.MaxInt64) or is not a string (it is left as is);
+// jobs.ErrInvalidArgument for a negative generation (nothing sent); any
+// other Redis error, wrapped.
 func (s *MarkerStore) Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (set bool, err error) {
 	ms := ttl.Milliseconds()
 	if ms <= 0 {
 		return false, nil
+	}
+	if generation < 0 {
+		return false, negativeGeneration("Set", jobID, generation)
 	}
 	key := MarkerKey(jobID)
 	ctx, done := s.op(ctx, "Set")
@@ -169,7 +213,9 @@ func (s *MarkerStore) Set(ctx context.Context, jobID string, generation int64, t
 //
 // Errors: a call that exceeded the store's timeout (wrapping
 // context.DeadlineExceeded); ErrBadMarker naming the key when its value is
-// not a decimal integer or not a string; any other Redis error, wrapped. The start guard
+// not a generation (ASCII digits only, no sign, space or other notation, at
+// most math.MaxInt64: what Set writes) or not a string; any other Redis
+// error, wrapped. The start guard
 // treats every error as "cannot tell" and does not run the task.
 func (s *MarkerStore) Get(ctx context.Context, jobID string) (generation int64, found bool, err error) {
 	key := MarkerKey(jobID)
@@ -181,8 +227,8 @@ func (s *MarkerStore) Get(ctx context.Context, jobID string) (generation int64, 
 	if err != nil {
 		return 0, false, done(badMarkerReply(key, err))
 	}
-	g, perr := strconv.ParseInt(v, 10, 64)
-	if perr != nil {
+	g, ok := parseGeneration(v)
+	if !ok {
 		return 0, false, done(fmt.Errorf("key %s holds %q: %w", key, v, ErrBadMarker))
 	}
 	return g, true, done(nil)

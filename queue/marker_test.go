@@ -14,6 +14,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/jobs"
 )
 
 func TestMarkerStore(t *testing.T) {
@@ -334,3 +336,24 @@ func newFreezingProxy(t *testing.T, upstream string) *freezingProxy {
 }
 
 func (p *freezingProxy) freeze() { p.frozen.Store(true) }
+
+// A negative generation is refused before anything is sent: no claim ever
+// makes one, and the compare-and-set reads only digits.
+func TestMarkerSetRefusesANegativeGeneration(t *testing.T) {
+	t.Parallel()
+	mr, c := miniRedis(t)
+	s, err := NewMarkerStore(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set, err := s.Set(t.Context(), "J", -1, MarkerTTL); set || !errors.Is(err, jobs.ErrInvalidArgument) {
+		t.Fatalf("Set(-1) = %v, %v; want an error wrapping jobs.ErrInvalidArgument", set, err)
+	}
+	res := s.SetMany(t.Context(), []MarkerWrite{{JobID: "J", Generation: -1, TTL: MarkerTTL}, {JobID: "K", Generation: 1, TTL: MarkerTTL}})
+	if !errors.Is(res[0].Err, jobs.ErrInvalidArgument) || res[1].Err != nil || !res[1].Set {
+		t.Fatalf("SetMany = %+v; want J refused, K written", res)
+	}
+	if mr.Exists(MarkerKey("J")) {
+		t.Fatal("a marker was written for the negative generation")
+	}
+}

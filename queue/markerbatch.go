@@ -52,7 +52,11 @@ func (s *MarkerStore) SetMany(ctx context.Context, writes []MarkerWrite) []Marke
 	}
 	var todo []int
 	for i, w := range writes {
-		if w.TTL.Milliseconds() > 0 {
+		switch {
+		case w.TTL.Milliseconds() <= 0:
+		case w.Generation < 0:
+			out[i].Err = negativeGeneration("SetMany", w.JobID, w.Generation)
+		default:
 			todo = append(todo, i)
 		}
 	}
