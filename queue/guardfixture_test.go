@@ -28,7 +28,7 @@ type guardBundle struct {
 	reg     *prometheus.Registry
 }
 
-func setupGuard(t *testing.T) *guardBundle {
+func setupGuard(t testing.TB) *guardBundle {
 	t.Helper()
 	db := jobstest.New(t)
 	db.JobType(t, "report.export", "30 minutes", "", "")

@@ -44,7 +44,7 @@ func realRedis(t testing.TB) *redis.Client {
 
 // miniRedis starts a miniredis and returns it with a client, both closed
 // at cleanup.
-func miniRedis(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
+func miniRedis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
