@@ -76,8 +76,10 @@ func (c Cascades) statements() []cascadeStatement {
 }
 
 // Validate checks every statement without a database: it must not be empty,
-// and it may use no named argument but @job_id, @parent_id, @tenant_id and
-// @type (pgx would pass an unknown one as NULL, silently). Each problem is
+// it must be valid UTF-8 without NUL bytes (PostgreSQL takes nothing else as
+// statement text), and it may use no named argument but @job_id,
+// @parent_id, @tenant_id and @type (pgx would pass an unknown one as NULL,
+// silently). Each problem is
 // reported in a sentence naming the type, the hook and the statement number;
 // all problems are joined into one error, and each wraps ErrBadCascade.
 func (c Cascades) Validate() error {
@@ -90,6 +92,14 @@ func (c Cascades) Validate() error {
 	for _, st := range c.statements() {
 		if strings.TrimSpace(st.sql) == "" {
 			errs = append(errs, fmt.Errorf("%s is empty: %w", st, ErrBadCascade))
+			continue
+		}
+		// PostgreSQL refuses such text, and pgx's rewrite reads a named
+		// argument up to and including the first invalid byte, so no
+		// check of the arguments below could be trusted.
+		if !utf8.ValidString(st.sql) || strings.IndexByte(st.sql, 0) >= 0 {
+			errs = append(errs, fmt.Errorf("%s is not valid UTF-8 without NUL bytes (%q), which PostgreSQL cannot take as statement text: %w",
+				st, shorten(strings.ToValidUTF8(st.sql, "\ufffd"), 80), ErrBadCascade))
 			continue
 		}
 		if unknown := unknownArgs(st.sql); len(unknown) > 0 {

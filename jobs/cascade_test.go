@@ -46,6 +46,29 @@ func TestCascadesValidate(t *testing.T) {
 	})
 }
 
+// A statement PostgreSQL cannot take as text (invalid UTF-8, a NUL byte)
+// is refused by Validate, naming it: pgx's rewrite reads a named argument
+// up to and including the first invalid byte ("@A\xc9" is the argument
+// "A\xc9"), so such a statement passed Validate and then failed every reap
+// of its type at binding (found by FuzzCascadeRewrite).
+func TestCascadesValidateRefusesTextPostgreSQLCannotTake(t *testing.T) {
+	t.Parallel()
+	for name, sql := range map[string]string{
+		"InvalidUTF8AfterANamedArgument": "UPDATE parents SET n = n + 1 WHERE id = @parent_id\xc9",
+		"InvalidUTF8Alone":               "UPDATE parents SET n = n + 1 WHERE id = '\xff'",
+		"NulByte":                        "UPDATE parents SET n = n + 1\x00 WHERE id = @parent_id",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			err := jobs.Cascades{"report.export": {OnFailed: []string{"SELECT 1", sql}}}.Validate()
+			requireIs(t, err, jobs.ErrBadCascade)
+			if want := `cascade on_failed of type "report.export", statement 2 is not valid UTF-8 without NUL bytes`; !strings.Contains(err.Error(), want) {
+				t.Fatalf("error %q\nlacks %q", err, want)
+			}
+		})
+	}
+}
+
 func TestPrepareCascades(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
