@@ -119,7 +119,8 @@ func FuzzConfigNeverShowsAPassword(f *testing.F) {
 		user, rest string
 	}{
 		{0, "u", "db:5432/app"}, {0, "u", "db:notaport/app"}, {0, "", "cache:6379/x"}, {1, "", "db/app"},
-		{2, "host=db", "port=x"}, {3, "u", "db:5432/app"}, {0, "u@x", "db host/app"},
+		{1, "", "db/app?sslmode=sometimes&x=1"}, {2, "host=db", "port=x"}, {3, "u", "db:5432/app"},
+		{4, "u", "db/app?sslmode=sometimes"}, {0, "u@x", "db host/app"}, {5, "", "cache:6379"},
 	} {
 		f.Add(s.form, s.user, "pw", s.rest)
 	}

@@ -105,3 +105,26 @@ func TestRedactURLHidesKeywordPasswords(t *testing.T) {
 		}
 	}
 }
+
+// Passwords in the other places an operator puts them (found by
+// FuzzRedactURL and FuzzConfigNeverShowsAPassword): the TLS key's
+// sslpassword, Sentinel's sentinel_password, a password parameter after a
+// stray '?' or in a fragment, and a password whose unescaped '#' or '/'
+// ended the URL's authority early.
+func TestRedactURLHidesPasswordsOutsideTheUserInformation(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://app@db/app?sslmode=verify-full&sslpassword=S3cretPW":       "postgres://app@db/app?sslmode=verify-full&sslpassword=xxxxx",
+		"redis://:S3cretPW@s1:26379?master_name=m&sentinel_password=S3cretPW":  "redis://:xxxxx@s1:26379?master_name=m&sentinel_password=xxxxx",
+		"postgres://app@db/app?sslmode=require?password=S3cretPW":              "postgres://app@db/app?sslmode=require?password=xxxxx",
+		"postgres://app@db/app#&password=S3cretPW":                             "postgres://app@db/app#&password=xxxxx",
+		"postgres://app:5432#S3cretPW@db:5432/app":                             "postgres://xxxxx@db:5432/app",
+		"postgres://app:5432/S3cretPW@db:5432/app?password=S3cretPW":           "postgres://xxxxx@db:5432/app?password=xxxxx",
+		"host=db sslpassword=S3cretPW sslkey=/k.pem":                           "host=db sslpassword=xxxxx sslkey=/k.pem",
+		"postgres://app:S3cretPW@db:5432/app?application_name=ops@example.com": "postgres://app:xxxxx@db:5432/app?application_name=ops@example.com",
+	} {
+		if got := jobs.RedactURL(in); got != want || strings.Contains(got, "S3cret") {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
