@@ -189,8 +189,24 @@ func (c Config) WithDefaults() Config {
 // HeartbeatInterval apart, one may land just after the limiter let the
 // previous one through late, and the pass that reads it runs up to one
 // Interval later. A stall timeout below it reaps live workers.
+//
+// A sum past time.Duration's range (about 292 years, from absurd settings)
+// saturates at jobs.MaxDuration instead of wrapping around to a negative
+// floor; see minStallTimeout.
 func (c Config) MinStallTimeout() time.Duration {
-	return 2*c.HeartbeatInterval + c.Interval
+	d, _ := c.minStallTimeout()
+	return d
+}
+
+// minStallTimeout is MinStallTimeout and whether the exact sum is past
+// jobs.MaxDuration (for non-negative settings; Validate reports negative
+// ones on their own).
+func (c Config) minStallTimeout() (d time.Duration, saturated bool) {
+	hb, iv := max(c.HeartbeatInterval, 0), max(c.Interval, 0)
+	if hb > (jobs.MaxDuration-iv)/2 {
+		return jobs.MaxDuration, true
+	}
+	return 2*c.HeartbeatInterval + c.Interval, false
 }
 
 // StallRule returns the daemon-wide part of the stall rule for the reaper:

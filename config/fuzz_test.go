@@ -22,6 +22,7 @@ func FuzzLoadConfigFile(f *testing.F) {
 	for _, s := range []string{
 		"database_url: postgres://u:pw@db:5432/app\n",
 		"database_url: postgres://u@db/app\nstall_timeout: 20m\nheartbeat_interval: 5m\ninterval: 1m\n",
+		"database_url: postgres://u@db/app\nheartbeat_interval: 1562500h\ninterval: 1m\nstall_timeout: 12m\n",
 		"database_url: postgres://u@db/app\ninterval: 2562047h\nheartbeat_interval: 1ns\nstall_timeout: 1h\nmarker_check_window: 2562047h\n",
 		"queues: [a, b\n",
 		"- a\n- b\n",

@@ -90,12 +90,16 @@ func (c Config) Validate() error {
 	if c.Lister != ListerIDs && c.Lister != ListerInspector {
 		v.addf("lister", "lister %q is not a lister: use %s or %s", c.Lister, ListerIDs, ListerInspector)
 	}
-	if c.Interval > 0 && c.HeartbeatInterval > 0 && c.StallTimeout > 0 && c.StallTimeout < c.MinStallTimeout() {
+	if floor, saturated := c.minStallTimeout(); c.Interval > 0 && c.HeartbeatInterval > 0 && c.StallTimeout > 0 && (saturated || c.StallTimeout < floor) {
+		sum := "= " + floor.String()
+		if saturated {
+			sum = "which is longer than the longest duration (about 292 years)"
+		}
 		v.add(&FieldError{
 			Key:     "stall_timeout",
 			Related: []string{"heartbeat_interval", "interval"},
-			Msg: fmt.Sprintf("stall_timeout %s is below 2 x heartbeat_interval (%s) + interval (%s) = %s: a live worker would be reaped between two heartbeats",
-				c.StallTimeout, c.HeartbeatInterval, c.Interval, c.MinStallTimeout()),
+			Msg: fmt.Sprintf("stall_timeout %s is below 2 x heartbeat_interval (%s) + interval (%s) %s: a live worker would be reaped between two heartbeats",
+				c.StallTimeout, c.HeartbeatInterval, c.Interval, sum),
 		})
 	}
 	v.metricsAddr(c.MetricsAddr)

@@ -150,6 +150,32 @@ func TestValidate(t *testing.T) {
 	})
 }
 
+// An absurdly long heartbeat_interval or interval must not wrap 2 x
+// heartbeat_interval + interval around to a negative floor that every
+// stall timeout passes (found by FuzzLoadConfigFile's seeds).
+func TestValidateRefusesAStallFloorPastTheLongestDuration(t *testing.T) {
+	t.Parallel()
+	for name, mutate := range map[string]func(*Config){
+		"HeartbeatInterval": func(c *Config) { c.HeartbeatInterval = 1562500 * time.Hour },
+		"Interval": func(c *Config) {
+			c.Interval, c.MarkerCheckWindow = 2562047*time.Hour, 2562047*time.Hour
+			c.HeartbeatInterval = time.Hour
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := valid()
+			c.StallTimeout = 12 * time.Minute
+			mutate(&c)
+			requireProblem(t, c.Validate(), "stall_timeout", "stall_timeout 12m0s is below 2 x heartbeat_interval (",
+				"longer than the longest duration (about 292 years)")
+			if c.MinStallTimeout() <= 0 {
+				t.Fatalf("MinStallTimeout() = %s, want it saturated, not wrapped around", c.MinStallTimeout())
+			}
+		})
+	}
+}
+
 func TestCase_B15_StallTimeoutBelowTwoHeartbeatsPlusIntervalIsRefused(t *testing.T) {
 	t.Parallel()
 	c := valid()
