@@ -37,9 +37,13 @@ SELECT * FROM claimed`
 //
 // It returns the new lease, or an error wrapping ErrClaimLost when the row
 // matched nothing (another claim won, or the job is COMPLETED or FAILED), or
-// a wrapped driver error when PostgreSQL failed.
+// a wrapped driver error when PostgreSQL failed; an error wrapping ErrBadID
+// (nothing sent) for an ID no row can have (CheckID).
 func (s *Store) Claim(ctx context.Context, jobID string, expectedGeneration int64, worker string) (Lease, error) {
 	ctx, done := s.op(ctx, "Claim")
+	if err := CheckID(jobID); err != nil {
+		return Lease{}, done(err)
+	}
 	var l Lease
 	err := s.db.QueryRow(ctx, s.q(claimSQL), pgx.NamedArgs{
 		"job_id": jobID, "expected_generation": expectedGeneration, "worker": worker,

@@ -58,8 +58,12 @@ type RequeueParams struct {
 // Errors: ErrInvalidArgument for an empty reason or a status other than
 // FAILED or QUEUED (nothing sent); ErrChangedSinceRead when the row is no
 // longer in p.Status at p.Generation (nothing written; a missing row
-// answers the same); a wrapped driver error otherwise.
+// answers the same); ErrBadID for an ID no row can have (CheckID, nothing
+// sent); a wrapped driver error otherwise.
 func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
+	if err := CheckID(p.JobID); err != nil {
+		return 0, fmt.Errorf("jobs.Requeue: %w", err)
+	}
 	if p.Reason == "" {
 		return 0, fmt.Errorf("jobs.Requeue: job %s: %w: a reason is required", p.JobID, ErrInvalidArgument)
 	}

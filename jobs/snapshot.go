@@ -172,9 +172,15 @@ func equalLimits(a, b Limits) bool {
 }
 
 // Get reads one job row and its type limits. It returns an error wrapping
-// ErrNotFound when no row has that ID.
+// ErrNotFound when no row has that ID, and one wrapping ErrBadID (nothing
+// sent) for an ID no row can have (CheckID: empty, a NUL byte, invalid
+// UTF-8, over MaxIDLength), which PostgreSQL would answer with a driver
+// error and the ID's raw bytes.
 func (s *Store) Get(ctx context.Context, id string) (Snapshot, error) {
 	ctx, done := s.op(ctx, "Get")
+	if err := CheckID(id); err != nil {
+		return Snapshot{}, done(err)
+	}
 	rows, err := s.db.Query(ctx, s.q(`SELECT `+snapshotColumns+`
   FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.id = $1`), id)
