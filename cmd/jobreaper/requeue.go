@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -136,6 +138,11 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	bad := 0
 	one := func(id string) error {
 		line := requeueLine{JobID: id}
+		if err := jobs.CheckID(id); err != nil {
+			bad++
+			line.Outcome, line.Message = outcomeRefused, strings.TrimSuffix(err.Error(), ": "+jobs.ErrBadID.Error())
+			return printRequeueLine(a, line, run.output)
+		}
 		done, err := rq.Requeue(ctx, id, run.reason)
 		line.Queue, line.FromStatus, line.TaskState = done.Queue, done.FromStatus, done.TaskState
 		switch {
@@ -218,14 +225,31 @@ func printRequeueLine(a *app, line requeueLine, output string) error {
 		return json.NewEncoder(a.stdout).Encode(line)
 	}
 	var err error
+	id := displayID(line.JobID)
 	switch line.Outcome {
 	case outcomeRequeued:
 		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one\n",
-			line.JobID, line.FromStatus, line.Generation, line.TaskState, line.Queue)
+			id, line.FromStatus, line.Generation, line.TaskState, line.Queue)
 	case outcomeRefused:
-		_, err = fmt.Fprintf(a.stdout, "refused %s: %s; nothing changed\n", line.JobID, line.Message)
+		_, err = fmt.Fprintf(a.stdout, "refused %s: %s; nothing changed\n", id, line.Message)
 	default:
-		_, err = fmt.Fprintf(a.stdout, "error %s: %s\n", line.JobID, oneLine(line.Message))
+		_, err = fmt.Fprintf(a.stdout, "error %s: %s\n", id, oneLine(strings.ToValidUTF8(line.Message, "\ufffd")))
 	}
 	return err
+}
+
+// displayID shows a job ID in a line of text output: as it is when every
+// character is printable, else escaped (jobs.QuoteID), so that an ID
+// holding a newline, a NUL byte or invalid UTF-8 cannot break the
+// one-line-per-job output or the terminal.
+func displayID(id string) string {
+	if id == "" || !utf8.ValidString(id) {
+		return jobs.QuoteID(id)
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) {
+			return jobs.QuoteID(id)
+		}
+	}
+	return id
 }
