@@ -5,6 +5,9 @@
 #   make services   only make sure PostgreSQL and Redis are up
 #   make lint       go vet, gofmt and golangci-lint (when installed)
 #   make bench      bash .ci/bench: the scale benchmarks on the local PostgreSQL and Redis, one table
+#   make reliability  bash .ci/reliability: the race, faults, soak and bad-input suites under -race, one
+#                   table of their figures (JOBREAPER_RACE_RUNS, JOBREAPER_FAULT_KILLS and
+#                   JOBREAPER_SOAK_DURATION scale them; ARGS="..." passes flags to go test)
 
 GO ?= go
 # Stamped into the binary by the linker, so that `jobreaper version` names
@@ -16,7 +19,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.buildVersion=$(VERSION) -X main.buildRevision=$(REVISION)
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: test services build lint docker bench
+.PHONY: test services build lint docker bench reliability
 
 test:
 	bash .ci/test
@@ -26,6 +29,9 @@ services:
 
 bench:
 	bash .ci/bench
+
+reliability:
+	bash .ci/reliability $(ARGS)
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/jobreaper ./cmd/jobreaper
