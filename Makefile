@@ -31,7 +31,7 @@ bench:
 	bash .ci/bench
 
 reliability:
-	bash .ci/reliability $(ARGS)
+	@bash .ci/reliability $(ARGS)
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/jobreaper ./cmd/jobreaper
