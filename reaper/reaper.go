@@ -151,6 +151,10 @@ type Result struct {
 	// MarkersRestored counts markers this pass wrote again: their write at
 	// the reap had failed, or they were lost since (failover, eviction).
 	MarkersRestored int `json:"markers_restored"`
+	// QueuesNotFound names the queues of the pass that asynq has never
+	// seen (not in asynq:queues), sorted: treated as empty, each one
+	// likely a typo in the queue list or a wrong Redis database.
+	QueuesNotFound []string `json:"queues_not_found"`
 	// Decisions are a dry run's decisions, one per job looked at; nil in a
 	// real pass.
 	Decisions []Decision `json:"-"`

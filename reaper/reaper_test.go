@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -225,8 +226,8 @@ func TestRunOnce(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(o *reaper.Options) { o.Queues = []string{"typo"} })
 		res, err := b.reaper.RunOnce(ctx)
-		if err != nil || res.Errors != 0 || res.Scanned != 0 {
-			t.Fatalf("result = %+v, err = %v", res, err)
+		if err != nil || res.Errors != 0 || res.Scanned != 0 || !slices.Equal(res.QueuesNotFound, []string{"typo"}) {
+			t.Fatalf("result = %+v, err = %v; want no error, nothing scanned, queues_not_found [typo]", res, err)
 		}
 		if got := metricValue(t, b.reg, "jobreaper_queue_not_found_total", map[string]string{"queue": "typo"}); got != 1 {
 			t.Fatalf("jobreaper_queue_not_found_total{queue=typo} = %v, want 1", got)

@@ -92,6 +92,7 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 		}
 		if c.NotFound {
 			r.opts.Metrics.queueMissing(q)
+			res.QueuesNotFound = append(res.QueuesNotFound, q)
 			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
 		} else {
 			res.Scanned += len(c.IDs) + c.EmptyIDs
@@ -123,6 +124,7 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 		load(pending)
 	}
 	slices.Sort(ids)
+	slices.Sort(res.QueuesNotFound)
 	return ids, listed, noLease
 }
 

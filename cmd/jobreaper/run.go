@@ -221,6 +221,9 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 	if res.ReapedBy == nil {
 		res.ReapedBy = map[string]int{}
 	}
+	if res.QueuesNotFound == nil {
+		res.QueuesNotFound = []string{}
+	}
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
 		res.ReapedBy[reason] += 0 // both keys, always
 	}
@@ -250,6 +253,10 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 		if extra.n > 0 {
 			line += fmt.Sprintf(", %s %d", extra.name, extra.n)
 		}
+	}
+	if len(res.QueuesNotFound) > 0 {
+		line += fmt.Sprintf(", queues not known to asynq %s (treated as empty: a typo, or the wrong Redis database?)",
+			strings.Join(res.QueuesNotFound, " "))
 	}
 	if res.LostLimitTripped {
 		line += ", lost_limit_tripped (no lost_task reaped: more than max_lost_per_pass; see the log)"

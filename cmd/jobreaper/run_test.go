@@ -48,7 +48,7 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	const want = "broken_active,errors,lost_limit_tripped,markers_restored,reaped,reaped_by,scanned,skipped,stale_queued"
+	const want = "broken_active,errors,lost_limit_tripped,markers_restored,queues_not_found,reaped,reaped_by,scanned,skipped,stale_queued"
 	if strings.Join(keys, ",") != want {
 		t.Fatalf("keys %v, want %s", keys, want)
 	}
@@ -74,9 +74,13 @@ func TestRunOnce(t *testing.T) {
 	t.Run("PrintsAHumanSummaryByDefault", func(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
-		r := run(t, onceArgs(db, unique("empty"))...)
+		q := unique("empty")
+		r := run(t, onceArgs(db, q)...)
 		requireExit(t, r, exitOK)
-		if r.stdout != "scanned 0 active task(s): reaped 0, skipped 0, errors 0\n" {
+		// The queue was never seen by asynq: the summary says so, since a
+		// typo in --queues would otherwise look like a clean pass forever.
+		if r.stdout != "scanned 0 active task(s): reaped 0, skipped 0, queues not known to asynq "+q+
+			" (treated as empty: a typo, or the wrong Redis database?), errors 0\n" {
 			t.Fatalf("stdout = %q", r.stdout)
 		}
 	})
