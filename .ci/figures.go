@@ -173,8 +173,9 @@ func (r *report) print(w io.Writer) (failed bool) {
 		row("faults: "+kind.label, r.number("faults", kind.name, ""))
 	}
 	row("soak: duration", r.number("soak", "duration_s", " s"))
-	row("soak: jobs enqueued / completed / reaped", strings.Join([]string{
-		r.number("soak", "jobs_enqueued", ""), r.number("soak", "jobs_completed", ""), r.number("soak", "jobs_reaped", "")}, " / "))
+	row("soak: jobs enqueued / completed / reaped / failed by their handler", strings.Join([]string{
+		r.number("soak", "jobs_enqueued", ""), r.number("soak", "jobs_completed", ""), r.number("soak", "jobs_reaped", ""),
+		r.number("soak", "jobs_failed", "")}, " / "))
 	row("soak: reap delay p50 / p99", r.number("soak", "reap_delay_p50_ms", " ms")+" / "+r.number("soak", "reap_delay_p99_ms", " ms"))
 	row("soak: reaper RSS first / last quarter", r.number("soak", "rss_first_quarter_mib", " MiB")+" / "+r.number("soak", "rss_last_quarter_mib", " MiB"))
 	row("bad input: inputs tried", r.number("badinput", "inputs", ""))

@@ -255,6 +255,7 @@ func TestReliabilitySoak(t *testing.T) {
 	jobstest.Figure(t, "soak", "jobs_enqueued", enq.enqueued)
 	jobstest.Figure(t, "soak", "jobs_completed", res.completed)
 	jobstest.Figure(t, "soak", "jobs_reaped", res.reaped)
+	jobstest.Figure(t, "soak", "jobs_failed", res.failedByHandler)
 	jobstest.Figure(t, "soak", "reap_delay_p50_ms", delays.p50MS)
 	jobstest.Figure(t, "soak", "reap_delay_p99_ms", delays.p99MS)
 	jobstest.Figure(t, "soak", "rss_first_quarter_mib", mib(rss.peaks.First()))
