@@ -41,7 +41,7 @@ func TestReliabilityFaults_ReaperSIGKILLMidPass(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	args := []string{"run", "--once", "--output", "json", "--config", f.config, "--database-url", f.db.URL,
-		"--schema", f.db.Schema, "--redis-url", srv.URL, "--queues", faultQueue, "--log-level", "warn"}
+		"--schema", f.db.Schema, "--redis-url", srv.URL, "--queues", faultQueue}
 
 	landed, violations, lost := 0, 0, 0
 	defer func() {
@@ -52,7 +52,7 @@ func TestReliabilityFaults_ReaperSIGKILLMidPass(t *testing.T) {
 	// goodPass runs the binary to its end and requires a clean pass.
 	goodPass := func(what string) time.Duration {
 		t.Helper()
-		cmd := exec.CommandContext(t.Context(), bin, args...)
+		cmd := exec.CommandContext(t.Context(), bin, append(slices.Clone(args), "--log-level", "warn")...)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		start := time.Now()
@@ -152,7 +152,8 @@ func (p killPoint) String() string {
 	return fmt.Sprintf("%s into the run", p.delay.Round(time.Millisecond))
 }
 
-// killRun runs the binary with args and kills it with SIGKILL at point.
+// killRun runs the binary with args (its log at info level, which names
+// each reaped job) and kills it with SIGKILL at point.
 // It returns whether the kill landed (false when the run ended first) and
 // how long the process ran.
 func killRun(t *testing.T, bin string, args []string, point killPoint) (killed bool, ran time.Duration) {
