@@ -355,3 +355,23 @@ func TestBrokenActiveEntriesAreCountedAndTheirStalledJobsReapedAsLost(t *testing
 		t.Fatalf("asynq's active list changed: %v -> %v (%v); jobreaper never writes asynq's keys", before, after, err)
 	}
 }
+
+// Under a mass-loss limit a lost job is judged twice, when the cycle finds
+// it and when its task is looked up again before the reap; it is logged
+// once, when it is reaped.
+func TestLostJobIsLoggedOnceUnderAMassLossLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOwnRedis(t)
+	lost := idsOf("log", 3)
+	stalledRows(t, o.db, "q-log", time.Hour, lost...)
+	serve(t, o.rc, []string{"q-log"}, func(context.Context, *asynq.Task) error { return nil }, asynq.Config{})
+	waitLive(t, o.rc, "q-log")
+	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 10 }).RunOnce(ctx)
+	if err != nil || res.ReapedBy["lost_task"] != 3 || res.LostLimitTripped || res.Errors != 0 {
+		t.Fatalf("pass = %+v, %v; want the 3 jobs reaped as lost_task under the limit", res, err)
+	}
+	if n := o.logs.count("stalled job's task will never run again"); n != 3 {
+		t.Fatalf("%d lines saying a task will never run again, want one per lost job (3)", n)
+	}
+}

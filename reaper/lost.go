@@ -100,7 +100,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
 			return
 		}
-		lost, ok := r.judgeLost(ctx, state, cands, live, noLease, now, held, res)
+		lost, ok := r.judgeLost(ctx, state, cands, live, noLease, now, held, r.opts.MaxLostPerPass <= 0, res)
 		if !ok {
 			return
 		}
@@ -129,9 +129,13 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 // judgeLost looks the tasks of cands up and returns the lost ones that a
 // live server's queue allows to reap; the others are counted as skipped
 // (awaiting_retry) or held (lost_held, collected by queue in held). It
-// returns false when the lookup failed (an error of the pass).
+// returns false when the lookup failed (an error of the pass). final is
+// true when the lost ones are reaped next (no mass-loss limit, or the
+// limit's look-up again at the end of the cycle): only then is each logged,
+// so that a job is logged once, not once when found and again before its
+// reap.
 func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live func() (map[string]bool, error),
-	noLease map[string]bool, now time.Time, held map[string][]string, res *Result) ([]jobs.Snapshot, bool) {
+	noLease map[string]bool, now time.Time, held map[string][]string, final bool, res *Result) ([]jobs.Snapshot, bool) {
 	var (
 		judged   []jobs.Snapshot
 		verdicts []Verdict
@@ -186,7 +190,9 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 			res.skip(SkipLostHeld, 1)
 			held[snap.Queue] = append(held[snap.Queue], snap.ID)
 		default:
-			r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", st)
+			if final {
+				r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", st)
+			}
 			r.decided(res, snap.ID, &snap, verdicts[i], jobs.ReasonLostTask)
 			lost = append(lost, snap)
 		}
@@ -221,7 +227,7 @@ func (r *Reaper) endCycle(ctx context.Context, state AsynqState, noLease map[str
 	if len(found) == 0 {
 		return
 	}
-	lost, ok := r.judgeLost(ctx, state, found, liveOnce(ctx, state), noLease, now, map[string][]string{}, res)
+	lost, ok := r.judgeLost(ctx, state, found, liveOnce(ctx, state), noLease, now, map[string][]string{}, true, res)
 	if !ok {
 		return
 	}
