@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -191,13 +192,22 @@ func TestReliabilitySoak(t *testing.T) {
 	t.Logf("soak: %s of load, seed %d", length, seed)
 	enq := &soakEnqueuer{db: db, store: db.Store(), client: asynq.NewClientFromRedisClient(rdb), queue: q,
 		rng: rand.New(rand.NewPCG(seed, 0)), byKind: map[string]int{}}
+	// The test's own live heap at the end of each quarter of the load: it
+	// keeps counts, never the jobs, so an hour's soak holds what two
+	// minutes' does.
+	var testHeap [4]uint64
 	begin := time.Now()
 	tick := time.NewTicker(soakEvery)
-	for time.Since(begin) < length {
+	for quarter := 0; time.Since(begin) < length; {
 		enq.enqueue(ctx, t)
+		if quarter < 3 && time.Since(begin) >= time.Duration(quarter+1)*length/4 {
+			testHeap[quarter] = liveHeap()
+			quarter++
+		}
 		<-tick.C // pacing the load, not waiting for an effect
 	}
 	tick.Stop()
+	testHeap[3] = liveHeap()
 	loadEnd := time.Now()
 	close(stopRSS)
 	rss := <-rssDone
@@ -247,6 +257,8 @@ func TestReliabilitySoak(t *testing.T) {
 	rq := rss.peaks.Quarters
 	t.Logf("soak: daemon RSS peaks by quarter of the load: %.1f, %.1f, %.1f, %.1f MiB (%d samples)",
 		mib(rq[0]), mib(rq[1]), mib(rq[2]), mib(rq[3]), rss.peaks.Samples)
+	t.Logf("soak: the test's own live heap at the end of each quarter: %.1f, %.1f, %.1f, %.1f MiB",
+		mib(int64(testHeap[0])), mib(int64(testHeap[1])), mib(int64(testHeap[2])), mib(int64(testHeap[3])))
 	for _, n := range res.notes {
 		t.Errorf("violation: %s", n)
 	}
@@ -301,6 +313,15 @@ func soakRSSRule(first, last int64) (bool, string) {
 		return false, fmt.Sprintf("last quarter's peak %.1f MiB is %.1f MiB (%.0f %%) above the first quarter's %.1f MiB: more than 10 %% and more than %d MiB",
 			mib(last), mib(last-first), 100*float64(last-first)/float64(first), mib(first), soakRSSSlack>>20)
 	}
+}
+
+// liveHeap returns this process's heap in use after a garbage collection,
+// in bytes.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
 
 // soakConfigYAML writes the daemon's config file: the cascades only.
