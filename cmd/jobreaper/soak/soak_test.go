@@ -251,8 +251,9 @@ func TestReliabilitySoak(t *testing.T) {
 	t.Logf("soak: %d jobs enqueued (%s) in %s; drained in %s; %d completed, %d reaped, %d failed by their handler",
 		enq.enqueued, strings.Join(kinds, ", "), loadEnd.Sub(begin).Round(time.Millisecond), drainTook.Round(time.Millisecond),
 		res.completed, res.reaped, res.failedByHandler)
-	t.Logf("soak: daemon ran %d passes (%d with errors), longest %s, longest start-to-start %s; reap bound %s = stall timeout %s + %s + %s",
-		ps.Passes, ps.ErrorPasses, ps.LongestPass, ps.LongestGap, bound, soakStallTimeout, max(soakInterval, ps.LongestGap), ps.LongestPass)
+	t.Logf("soak: daemon ran %d passes (%d with errors, %d longer than the interval), longest %s, longest start-to-start %s; reap bound %s = stall timeout %s + %s + %s",
+		ps.Passes, ps.ErrorPasses, ps.Overran, ps.LongestPass, ps.LongestGap, bound, soakStallTimeout, max(soakInterval, ps.LongestGap), ps.LongestPass)
+	t.Logf("soak: the longest pass: %s", ps.LongestPassLine)
 	t.Logf("soak: reap delay over %d jobs: p50 %d ms, p99 %d ms, max %d ms", delays.n, delays.p50MS, delays.p99MS, delays.maxMS)
 	rq := rss.peaks.Quarters
 	t.Logf("soak: daemon RSS peaks by quarter of the load: %.1f, %.1f, %.1f, %.1f MiB (%d samples)",

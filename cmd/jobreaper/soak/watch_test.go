@@ -50,12 +50,16 @@ func (b *tailBuffer) String() string {
 // pass longer than the interval, the leader lease statement before a pass
 // and the scheduler's delays all lengthen it).
 type passStats struct {
-	Passes       int
-	ErrorPasses  int // passes that finished with errors or could not run
-	LongestPass  time.Duration
-	LongestGap   time.Duration
-	lastStart    time.Time
-	reapedLogged int // "job reaped" lines
+	Passes      int
+	ErrorPasses int // passes that finished with errors or could not run
+	// Overran counts the passes longer than soakInterval.
+	Overran     int
+	LongestPass time.Duration
+	// LongestPassLine is the log line of the longest pass (what it
+	// scanned, reaped and skipped, and when), cut to 600 bytes.
+	LongestPassLine string
+	LongestGap      time.Duration
+	lastStart       time.Time
 }
 
 // soakDaemon is one `jobreaper run` process of the real binary whose
@@ -111,9 +115,7 @@ func (d *soakDaemon) read(r io.Reader) {
 }
 
 func (d *soakDaemon) parse(line []byte) {
-	isPass := bytes.Contains(line, []byte(`"duration_ms"`)) && bytes.Contains(line, []byte(`"msg":"pass `))
-	isReap := bytes.Contains(line, []byte(`"msg":"job reaped"`))
-	if !isPass && !isReap {
+	if !bytes.Contains(line, []byte(`"duration_ms"`)) || !bytes.Contains(line, []byte(`"msg":"pass `)) {
 		return
 	}
 	var rec struct {
@@ -128,10 +130,6 @@ func (d *soakDaemon) parse(line []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := &d.stats
-	if isReap {
-		s.reapedLogged++
-		return
-	}
 	// duration_ms is truncated to the millisecond: count the whole one.
 	dur := time.Duration(rec.DurationMS+1) * time.Millisecond
 	start := rec.Time.Add(-dur)
@@ -139,7 +137,13 @@ func (d *soakDaemon) parse(line []byte) {
 	if rec.Level == "WARN" || rec.Level == "ERROR" {
 		s.ErrorPasses++
 	}
-	s.LongestPass = max(s.LongestPass, dur)
+	if dur > soakInterval {
+		s.Overran++
+	}
+	if dur > s.LongestPass {
+		s.LongestPass = dur
+		s.LongestPassLine = string(line[:min(len(line), 600)])
+	}
 	if !s.lastStart.IsZero() {
 		s.LongestGap = max(s.LongestGap, start.Sub(s.lastStart))
 	}
