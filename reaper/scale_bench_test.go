@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -225,7 +224,7 @@ func allocsDuring(fn func()) (bytes, objects uint64) {
 // pass's own allocations (the harness's B/op covers floor + pass + the
 // process's pipes).
 func BenchmarkScalePass(b *testing.B) {
-	bin := buildReaper(b)
+	bin := jobstest.BuildJobreaper(b)
 	for _, n := range []int{1000, 20000, 100000} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			w := newScaleWorld(b, n, 5*time.Minute, time.Minute, nil)
@@ -295,20 +294,6 @@ func (w *scaleWorld) runProcess(b *testing.B, bin string, n, wantReaped int) (ti
 		return d, 0
 	}
 	return d, uint64(ru.Maxrss) // KiB on Linux
-}
-
-// buildReaper builds the jobreaper binary once for the benchmarks.
-func buildReaper(b *testing.B) string {
-	b.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		b.Fatalf("the go command is not on PATH: %v", err)
-	}
-	bin := filepath.Join(b.TempDir(), "jobreaper")
-	if out, err := exec.Command(goBin, "build", "-o", bin, "../cmd/jobreaper").CombinedOutput(); err != nil {
-		b.Fatalf("building jobreaper: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // reset makes every active job of w stalled and PROCESSING again, as

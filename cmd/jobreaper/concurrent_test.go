@@ -18,22 +18,6 @@ import (
 	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
-// buildBinary builds this command into a temporary directory and returns
-// its path.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go") // go test puts its own go first on PATH
-	if err != nil {
-		t.Fatalf("the go command is not on PATH: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "jobreaper")
-	cmd := exec.CommandContext(t.Context(), goBin, "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building jobreaper: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // Four reaper processes (the real binary, one per worker pod) run at once
 // on 2,000 stalled jobs whose on_failed cascade counts failed children on
 // 50 parents. Every job becomes FAILED exactly once: 2,000 transitions
@@ -45,7 +29,7 @@ func TestConcurrentReaperProcessesReapEachJobOnce(t *testing.T) {
 	t.Parallel()
 	const jobsN, parentsN, processes = 2000, 50, 4
 	ctx := context.Background()
-	bin := buildBinary(t)
+	bin := jobstest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	rdb := realRedis(t)
 	q := unique("concurrent")

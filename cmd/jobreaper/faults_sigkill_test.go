@@ -36,7 +36,7 @@ func TestReliabilityFaults_ReaperSIGKILLMidPass(t *testing.T) {
 	t.Parallel()
 	kills := faultKills(t)
 	rng := faultRand(t)
-	bin := buildBinary(t)
+	bin := jobstest.BuildJobreaper(t)
 	f := newFaultFixture(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

@@ -127,7 +127,7 @@ func (r *replica) signal(t *testing.T, sig syscall.Signal) {
 // releases the leader lease, and the other takes over.
 func TestLeaderLeaseOneReplicaRunsPasses(t *testing.T) {
 	t.Parallel()
-	bin := buildBinary(t)
+	bin := jobstest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	q := unique("fleet")
 	args := []string{"--database-url", db.URL, "--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", q,
@@ -186,7 +186,7 @@ func TestLeaderLeaseOneReplicaRunsPasses(t *testing.T) {
 // Two daemons with different queue sets each lead their own set.
 func TestLeaderLeaseEachQueueSetHasItsLeader(t *testing.T) {
 	t.Parallel()
-	bin := buildBinary(t)
+	bin := jobstest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	common := []string{"--database-url", db.URL, "--schema", db.Schema, "--redis-url", redisTestURL(),
 		"--interval", "2s", "--stall-timeout", "11m"}

@@ -6,8 +6,6 @@
 package soak
 
 import (
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -36,20 +34,4 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(100 * time.Millisecond) // polling
 	}
-}
-
-// buildBinary builds the jobreaper command into a temporary directory and
-// returns its path.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go") // go test puts its own go first on PATH
-	if err != nil {
-		t.Fatalf("the go command is not on PATH: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "jobreaper")
-	cmd := exec.CommandContext(t.Context(), goBin, "build", "-o", bin, "github.com/jobreaper/jobreaper/cmd/jobreaper")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building jobreaper: %v\n%s", err, out)
-	}
-	return bin
 }

@@ -143,7 +143,7 @@ func TestReliabilitySoak(t *testing.T) {
 			soakDrainMax+time.Minute, time.Until(deadline).Round(time.Second))
 	}
 	ctx := context.Background()
-	bin := buildBinary(t)
+	bin := jobstest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
