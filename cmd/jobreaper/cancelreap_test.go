@@ -14,6 +14,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // TestCase_B30_ReapedHandlersAreCancelledAndTheirSlotsFreed: a worker with
@@ -28,9 +29,8 @@ func TestCase_B30_ReapedHandlersAreCancelledAndTheirSlotsFreed(t *testing.T) {
 	rdb := e2eRedis(t)
 	q := "b30_" + db.Schema
 	j1, j2, j3 := q+"-1", q+"-2", q+"-3"
-	inspector := asynq.NewInspectorFromRedisClient(rdb)
 	t.Cleanup(func() {
-		_ = inspector.DeleteQueue(q, true)
+		_ = queuetest.Remove(context.Background(), rdb, q)
 		rdb.Del(context.Background(), queue.MarkerKey(j1), queue.MarkerKey(j2), queue.MarkerKey(j3))
 	})
 	db.JobType(t, "report.export", "30 minutes", "", "")

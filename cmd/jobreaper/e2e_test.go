@@ -17,6 +17,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // e2eRedisURL is the real Redis the end-to-end test runs asynq on.
@@ -80,7 +81,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	hung, progressing, fresh := q+"-hung", q+"-progressing", q+"-fresh"
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
 	t.Cleanup(func() {
-		_ = inspector.DeleteQueue(q, true)
+		_ = queuetest.Remove(context.Background(), rdb, q)
 		rdb.Del(context.Background(), queue.MarkerKey(hung), queue.MarkerKey(progressing), queue.MarkerKey(fresh))
 	})
 
@@ -237,7 +238,7 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 	lost, waiting := q+"-lost", q+"-waiting"
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
 	t.Cleanup(func() {
-		_ = inspector.DeleteQueue(q, true)
+		_ = queuetest.Remove(context.Background(), rdb, q)
 		rdb.Del(context.Background(), queue.MarkerKey(lost), queue.MarkerKey(waiting))
 	})
 	db.JobType(t, "report.export", "30 minutes", "", "")

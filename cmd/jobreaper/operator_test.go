@@ -14,6 +14,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // opsArgs returns the connection flags of db and the e2e Redis.
@@ -31,9 +32,8 @@ func TestCancelCommand(t *testing.T) {
 		rdb := e2eRedis(t)
 		q := "cancel_" + db.Schema
 		id := q + "-J"
-		inspector := asynq.NewInspectorFromRedisClient(rdb)
 		t.Cleanup(func() {
-			_ = inspector.DeleteQueue(q, true)
+			_ = queuetest.Remove(context.Background(), rdb, q)
 			rdb.Del(context.Background(), queue.MarkerKey(id))
 		})
 		db.JobType(t, "report.export", "30 minutes", "", "")
@@ -169,7 +169,7 @@ func TestInspectCommand(t *testing.T) {
 	q := "inspect_" + db.Schema
 	id := q + "-J"
 	t.Cleanup(func() {
-		_ = asynq.NewInspectorFromRedisClient(rdb).DeleteQueue(q, true)
+		_ = queuetest.Remove(context.Background(), rdb, q)
 		rdb.Del(context.Background(), queue.MarkerKey(id))
 	})
 	db.JobType(t, "report.export", "30 minutes", "", "")

@@ -14,6 +14,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // requeueFixture is one test's schema and queue on the shared Redis.
@@ -32,7 +33,7 @@ func newRequeueFixture(t *testing.T) *requeueFixture {
 	rdb := e2eRedis(t)
 	f := &requeueFixture{db: db, rdb: rdb, q: "requeue_" + db.Schema, insp: asynq.NewInspectorFromRedisClient(rdb),
 		client: asynq.NewClientFromRedisClient(rdb), store: db.Store()}
-	t.Cleanup(func() { _ = f.insp.DeleteQueue(f.q, true) })
+	t.Cleanup(func() { _ = queuetest.Remove(context.Background(), rdb, f.q) })
 	db.JobType(t, "report.export", "30 minutes", "", "6 hours")
 	return f
 }
