@@ -34,9 +34,11 @@ func asynqLeaseKey(queue string) string { return "asynq:{" + queue + "}:lease" }
 
 // listChunkScript reads one chunk of an active list and, in the same step,
 // which of its IDs have no task hash any more (asynq lists those with an
-// empty ID) and which have no lease (asynq never recovers those). All keys
-// share the queue's hash tag, as in asynq's own scripts, so it runs on
-// Redis Cluster too.
+// empty ID) and which have no lease (asynq never recovers those). It is
+// the exact check, entry by entry (about 3 microseconds of Redis time per
+// entry), which StreamActive runs only where its cheap checks find
+// something. All keys share the queue's hash tag, as in asynq's own
+// scripts, so it runs on Redis Cluster too.
 //
 // KEYS[1] active list; KEYS[2] lease set; ARGV[1] first index; ARGV[2]
 // last index; ARGV[3] task key prefix. Returns {ids, gone, noLease}: the
@@ -64,8 +66,8 @@ return {ids, gone, nolease}
 // pass, goes through asynq's Inspector.
 //
 // It depends on asynq's key layout (asynq:queues, asynq:{<queue>}:active,
-// asynq:{<queue>}:t:<id>); TestIDListerKeyLayout holds it to the asynq
-// version in go.mod.
+// asynq:{<queue>}:t:<id>, asynq:{<queue>}:lease); TestIDListerKeyLayout
+// holds it to the asynq version in go.mod.
 type IDLister struct {
 	client    redis.UniversalClient
 	inspector *InspectorLister
@@ -118,25 +120,55 @@ type ActiveChunk struct {
 // the rest (10 chunks of 1,000: a few milliseconds of Redis time).
 const streamRoundChunks = 10
 
+// sizesScript returns, in one step, the length of a queue's active list
+// and the size of its lease set. KEYS[1] active list; KEYS[2] lease set.
+var sizesScript = redis.NewScript(`return {redis.call("LLEN", KEYS[1]), redis.call("ZCARD", KEYS[2])}`)
+
 // chunkRead is one chunk a round of StreamActive reads.
 type chunkRead struct {
 	queue string
 	start int
 	first bool
 	known *redis.BoolCmd
-	size  *redis.IntCmd
+	sizes *redis.Cmd
+	// The fast read: the chunk's entries and how many of their task
+	// hashes exist.
+	ids    *redis.StringSliceCmd
+	exists *redis.IntCmd
+	// The exact read, by listChunkScript: for a chunk the fast read found
+	// an entry without a task hash in, and for every chunk of a queue
+	// whose lease set and active list differ in size.
 	reply *redis.Cmd
 }
 
 // StreamActive reads the active lists of queues and calls fn with each
 // chunk, in order within a queue, as the pipelines come back: the first
 // chunk of every queue (with whether asynq knows the queue and the list's
-// length) in one pipeline, then the rest in pipelines of at most
+// length) in one round, then the rest in rounds of at most
 // streamRoundChunks chunks. A caller can so load the rows of one part
 // while Redis checks the next, and a pass over many small queues costs
-// one round trip. Each chunk is read and checked (task hash, lease) in one
-// script; when a queue's last chunk comes back full (the list grew), it
-// reads on until a chunk is short.
+// few round trips. When a queue's last chunk comes back full (the list
+// grew), it reads on until a chunk is short.
+//
+// Each entry is checked for its task hash and its lease (see
+// ActiveTasks), at a fraction of the Redis time of checking each entry in
+// a script (measured on Redis 7.0: 0.15 against about 3 microseconds per
+// entry):
+//   - Leases: asynq keeps a queue's lease set equal to its active list
+//     (every script that adds or removes an entry does the same to its
+//     lease, and a lease is only ever extended with ZADD XX). So when the
+//     list's length and the lease set's size, read in one step with the
+//     first chunk, are equal, no entry lacks a lease and none is checked;
+//     when they differ, every chunk of the queue is read and checked
+//     entry by entry by listChunkScript. (Equal sizes could hide an entry
+//     without a lease only behind a lease without an entry, which asynq
+//     never writes.)
+//   - Task hashes: a round reads its chunks (LRANGE), then counts their
+//     task hashes with one EXISTS per chunk. A chunk with a hash missing
+//     is read again and checked in one step by listChunkScript, whose
+//     answer is the chunk's: an entry that finished between the read and
+//     the count is so never reported as broken, and a gone hash does not
+//     come back for the same entry.
 //
 // Every queue ends with exactly one call whose Done is true, or one whose
 // Err is set (a Redis error or ctx's, naming the queue); a queue asynq
@@ -149,6 +181,9 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 	}
 	length := make(map[string]int, len(queues))
 	failed := map[string]bool{}
+	// exact names the queues whose lease set and active list differ in
+	// size: their chunks are checked entry by entry.
+	exact := map[string]bool{}
 	for {
 		round = slices.DeleteFunc(round, func(c *chunkRead) bool { return failed[c.queue] })
 		if len(round) == 0 {
@@ -157,19 +192,7 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 		var next []*chunkRead
 		now := round[:min(len(round), max(streamRoundChunks, countFirst(round)))]
 		rest := round[len(now):]
-		// Each command carries its own error (a connection error, all of
-		// them): a failing chunk fails only its queue.
-		_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, c := range now {
-				active := asynqActiveKey(c.queue)
-				if c.first {
-					c.known = p.SIsMember(ctx, asynqQueuesKey, c.queue)
-					c.size = p.LLen(ctx, active)
-				}
-				c.reply = listChunkScript.Eval(ctx, p, []string{active, asynqLeaseKey(c.queue)}, c.start, c.start+l.chunk-1, asynqTaskKeyPrefix(c.queue))
-			}
-			return nil
-		})
+		l.readRound(ctx, now, exact)
 		for _, c := range now {
 			if failed[c.queue] {
 				continue
@@ -179,7 +202,7 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 				fn(ActiveChunk{Queue: c.queue, Err: fmt.Errorf("queue.IDLister.ListActive: queue %q: %w", c.queue, err)})
 			}
 			if c.first {
-				if err := cmp.Or(c.known.Err(), c.size.Err()); err != nil {
+				if err := cmp.Or(c.known.Err(), c.sizes.Err()); err != nil {
 					fail(err)
 					continue
 				}
@@ -187,9 +210,9 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 					fn(ActiveChunk{Queue: c.queue, ActiveTasks: ActiveTasks{NotFound: true}, Done: true})
 					continue
 				}
-				length[c.queue] = int(c.size.Val())
+				length[c.queue] = sizesOf(c.sizes)[0]
 			}
-			ids, gone, noLease, err := chunkReply(c.reply)
+			ids, gone, noLease, err := c.result()
 			if err != nil {
 				fail(err)
 				continue
@@ -215,6 +238,95 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 		}
 		round = append(rest, next...)
 	}
+}
+
+// readRound reads and checks the chunks of one round: a pipeline of
+// LRANGEs (for a queue's first chunk also SISMEMBER and sizesScript; for
+// a queue in exact, listChunkScript), a pipeline of one EXISTS per chunk
+// read by LRANGE (listChunkScript instead for the first chunk of a queue
+// whose sizes differ, which it adds to exact), and, only for the chunks
+// whose EXISTS counted fewer hashes than entries, a pipeline of
+// listChunkScript. Each command carries its own error (a connection
+// error, all of them), which chunkRead.result reports: a failing chunk
+// fails only its queue.
+func (l *IDLister) readRound(ctx context.Context, round []*chunkRead, exact map[string]bool) {
+	script := func(p redis.Pipeliner, c *chunkRead) {
+		c.reply = listChunkScript.Eval(ctx, p, []string{asynqActiveKey(c.queue), asynqLeaseKey(c.queue)},
+			c.start, c.start+l.chunk-1, asynqTaskKeyPrefix(c.queue))
+	}
+	_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range round {
+			active := asynqActiveKey(c.queue)
+			if c.first {
+				c.known = p.SIsMember(ctx, asynqQueuesKey, c.queue)
+				c.sizes = sizesScript.Eval(ctx, p, []string{active, asynqLeaseKey(c.queue)})
+			}
+			if exact[c.queue] {
+				script(p, c)
+				continue
+			}
+			c.ids = p.LRange(ctx, active, int64(c.start), int64(c.start+l.chunk-1))
+		}
+		return nil
+	})
+	_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range round {
+			if c.reply != nil || c.ids.Err() != nil || len(c.ids.Val()) == 0 {
+				continue
+			}
+			if c.first && c.sizes.Err() == nil {
+				if sz := sizesOf(c.sizes); sz[0] != sz[1] {
+					exact[c.queue] = true
+				}
+			}
+			if exact[c.queue] {
+				script(p, c)
+				continue
+			}
+			prefix := asynqTaskKeyPrefix(c.queue)
+			keys := make([]string, len(c.ids.Val()))
+			for i, id := range c.ids.Val() {
+				keys[i] = prefix + id
+			}
+			c.exists = p.Exists(ctx, keys...)
+		}
+		return nil
+	})
+	_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range round {
+			if c.exists != nil && c.exists.Err() == nil && c.exists.Val() != int64(len(c.ids.Val())) {
+				script(p, c)
+			}
+		}
+		return nil
+	})
+}
+
+// sizesOf decodes sizesScript's {list length, lease set size}; a reply of
+// another shape reads as two different sizes, so that the queue is
+// checked entry by entry.
+func sizesOf(c *redis.Cmd) [2]int {
+	v, _ := c.Int64Slice()
+	if len(v) != 2 {
+		return [2]int{0, -1}
+	}
+	return [2]int{int(v[0]), int(v[1])}
+}
+
+// result returns what c's reads found: the chunk's entries in list order,
+// those whose task hash is missing, and those whose hash is there but
+// that have no lease; or the error of the first read that failed.
+func (c *chunkRead) result() (ids, gone, noLease []string, err error) {
+	if c.reply != nil {
+		return chunkReply(c.reply)
+	}
+	if err := c.ids.Err(); err != nil {
+		return nil, nil, nil, err
+	}
+	if c.exists != nil && c.exists.Err() != nil {
+		return nil, nil, nil, c.exists.Err()
+	}
+	return c.ids.Val(), nil, nil, nil
 }
 
 // countFirst counts the first chunks at the head of round, which are read

@@ -15,7 +15,8 @@ import (
 
 // TestIDListerKeyLayout holds the ID-only lister to the key layout of the
 // asynq in go.mod: a real asynq.Server runs two tasks, and the keys the
-// lister reads must hold them. If a new asynq moves its keys, this test
+// lister reads (queue set, active list, task hashes, lease set) must hold
+// them. If a new asynq moves its keys, this test
 // fails and names the key; the lister must then follow before it is used.
 func TestIDListerKeyLayout(t *testing.T) {
 	t.Parallel()
@@ -40,6 +41,17 @@ func TestIDListerKeyLayout(t *testing.T) {
 		if n, err := b.rc.Exists(ctx, key).Result(); err != nil || n != 1 {
 			t.Fatalf("asynq layout changed: task hash %s of an active task does not exist (%v)", key, err)
 		}
+	}
+	// The lister skips the per-entry lease check when the lease set and
+	// the active list are the same size: asynq must keep one lease per
+	// active entry under this key.
+	leased, err := b.rc.ZRange(ctx, asynqLeaseKey(b.queue), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(leased)
+	if !slices.Equal(leased, ids) {
+		t.Fatalf("asynq layout changed: lease set %s holds %v, want one lease per active task %v", asynqLeaseKey(b.queue), leased, ids)
 	}
 }
 

@@ -1,0 +1,172 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+)
+
+// activeEntry is one entry of a generated active list.
+type activeEntry struct {
+	id    string
+	hash  bool // the task hash exists
+	lease bool // the ID is in the lease set
+	twice bool // the ID is in the list twice
+}
+
+// writeQueue writes entries as asynq's keys of queue q (the list in
+// order, each hash and lease as flagged) directly, as a data loss would
+// leave them.
+func writeQueue(t interface{ Fatal(...any) }, ctx context.Context, rc *redis.Client, q string, entries []activeEntry) {
+	if err := rc.SAdd(ctx, asynqQueuesKey, q).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var list []string
+	for _, e := range entries {
+		list = append(list, e.id)
+		if e.twice {
+			list = append(list, e.id)
+		}
+		if e.hash {
+			if err := rc.HSet(ctx, asynqTaskKeyPrefix(q)+e.id, "state", "active").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if e.lease {
+			if err := rc.ZAdd(ctx, asynqLeaseKey(q), redis.Z{Score: 1764590000, Member: e.id}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(list) > 0 {
+		if err := rc.RPush(ctx, asynqActiveKey(q), toAny(list)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The cheap checks (a size comparison for leases, one EXISTS per chunk
+// for task hashes, the script only where they find something) list
+// exactly what checking every entry finds, for any mix of entries without
+// a hash, without a lease or listed twice (asynq never writes a lease
+// without an entry, so none is generated), and any chunk size.
+func TestStreamActiveChecksFindWhatAnEntryByEntryCheckFinds(t *testing.T) {
+	t.Parallel()
+	_, rc := miniRedis(t)
+	n := 0
+	rapid.Check(t, func(t *rapid.T) {
+		ctx := context.Background()
+		n++
+		q := fmt.Sprintf("check-%d", n)
+		entries := rapid.SliceOfN(rapid.Custom(func(t *rapid.T) activeEntry {
+			return activeEntry{
+				hash:  rapid.IntRange(0, 9).Draw(t, "hash") > 1,
+				lease: rapid.IntRange(0, 9).Draw(t, "lease") > 1,
+				twice: rapid.IntRange(0, 9).Draw(t, "twice") == 0,
+			}
+		}), 0, 40).Draw(t, "entries")
+		for i := range entries {
+			entries[i].id = fmt.Sprintf("J%02d", i)
+		}
+		chunk := rapid.SampledFrom([]int{1, 2, 3, 7, 1000}).Draw(t, "chunk")
+		writeQueue(t, ctx, rc, q, entries)
+
+		var wantIDs, wantBroken, wantNoLease []string
+		wantEmpty := 0
+		for _, e := range entries {
+			switch {
+			case !e.hash:
+				wantBroken = append(wantBroken, e.id)
+				wantEmpty++
+				if e.twice {
+					wantEmpty++
+				}
+			case !e.lease:
+				wantNoLease = append(wantNoLease, e.id)
+			default:
+				wantIDs = append(wantIDs, e.id)
+			}
+		}
+		l := &IDLister{client: rc, chunk: chunk}
+		got, err := l.ListActive(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.IDs, wantIDs) || !slices.Equal(got.Broken, wantBroken) || !slices.Equal(got.NoLease, wantNoLease) ||
+			got.EmptyIDs != wantEmpty || got.NotFound {
+			t.Fatalf("chunk %d: ListActive = IDs %v, Broken %v, NoLease %v, EmptyIDs %d; want %v, %v, %v, %d",
+				chunk, got.IDs, got.Broken, got.NoLease, got.EmptyIDs, wantIDs, wantBroken, wantNoLease, wantEmpty)
+		}
+	})
+}
+
+// finishAfterRead is a go-redis hook that, once, right after the first
+// pipeline holding an LRANGE of queue q returns, finishes task id as
+// asynq's done script does (list entry, lease and task hash removed in
+// one step): between the read of a chunk and the count of its hashes.
+type finishAfterRead struct {
+	rc   *redis.Client
+	q    string
+	id   string
+	done bool
+}
+
+func (h *finishAfterRead) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *finishAfterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *finishAfterRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if h.done || !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "lrange") }) {
+			return err
+		}
+		h.done = true
+		_, ferr := h.rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.LRem(ctx, asynqActiveKey(h.q), 0, h.id)
+			p.ZRem(ctx, asynqLeaseKey(h.q), h.id)
+			p.Del(ctx, asynqTaskKeyPrefix(h.q)+h.id)
+			return nil
+		})
+		if ferr != nil {
+			return ferr
+		}
+		return err
+	}
+}
+
+var _ redis.Hook = (*finishAfterRead)(nil)
+
+// A task that finishes between the read of its chunk and the count of the
+// chunk's hashes is not a broken entry: the count comes up short, the
+// chunk is read again and checked in one step, and the finished task is
+// simply no longer active.
+func TestStreamActiveDoesNotReportATaskThatFinishedBetweenReadAndCheck(t *testing.T) {
+	t.Parallel()
+	for _, finished := range []string{"J1", "J2", "J3"} {
+		t.Run(finished, func(t *testing.T) {
+			t.Parallel()
+			mr, rc := miniRedis(t)
+			ctx := t.Context()
+			q := "finish"
+			writeQueue(t, ctx, rc, q, []activeEntry{{id: "J1", hash: true, lease: true}, {id: "J2", hash: true, lease: true}, {id: "J3", hash: true, lease: true}})
+			hooked := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = hooked.Close() })
+			hook := &finishAfterRead{rc: rc, q: q, id: finished}
+			hooked.AddHook(hook)
+			got, err := (&IDLister{client: hooked, chunk: 1000}).ListActive(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := slices.DeleteFunc([]string{"J1", "J2", "J3"}, func(id string) bool { return id == finished })
+			if !hook.done || !slices.Equal(got.IDs, want) || got.EmptyIDs != 0 || len(got.Broken) != 0 || len(got.NoLease) != 0 {
+				t.Fatalf("ListActive = %+v (task finished after the read: %v); want IDs %v and no broken entry", got, hook.done, want)
+			}
+		})
+	}
+}
