@@ -146,7 +146,8 @@ type Result struct {
 	// task asynq will never run, among those this pass looked up.
 	StaleQueued int `json:"stale_queued"`
 	// BrokenActive counts entries of the active lists listed this pass
-	// whose task hash is gone (broken; never written to).
+	// whose task hash is gone or that have no lease (broken: asynq never
+	// runs nor recovers them; jobreaper never writes to them).
 	BrokenActive int `json:"broken_active"`
 	// MarkersRestored counts markers this pass wrote again: their write at
 	// the reap had failed, or they were lost since (failover, eviction).
