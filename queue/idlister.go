@@ -36,9 +36,9 @@ func asynqLeaseKey(queue string) string { return "asynq:{" + queue + "}:lease" }
 // which of its IDs have no task hash any more (asynq lists those with an
 // empty ID) and which have no lease (asynq never recovers those). It is
 // the exact check, entry by entry (2.7 to 4.2 microseconds of Redis time
-// per entry), which StreamActive runs only where its cheap checks find
-// something. All keys share the queue's hash tag, as in asynq's own
-// scripts, so it runs on Redis Cluster too.
+// per entry), which StreamActive runs only on the chunks of a queue whose
+// lease set and active list differ in size. All keys share the queue's
+// hash tag, as in asynq's own scripts, so it runs on Redis Cluster too.
 //
 // KEYS[1] active list; KEYS[2] lease set; ARGV[1] first index; ARGV[2]
 // last index; ARGV[3] task key prefix. Returns {ids, gone, noLease}: the
@@ -120,6 +120,35 @@ type ActiveChunk struct {
 // the rest (10 chunks of 1,000: a few milliseconds of Redis time).
 const streamRoundChunks = 10
 
+// recheckScript checks again, in one step, the entries one LRANGE read
+// of a queue whose lease set and active list were the same size, after
+// one EXISTS counted fewer task hashes than entries. An entry whose hash
+// is there stays; one whose hash is gone is broken while it still holds
+// its lease (asynq takes the entry, its lease and, unless the task is
+// retained, its hash away in one step, and keeps one lease per entry),
+// and has finished otherwise. It checks the entries as read, not the
+// list's range again: the list moves meanwhile (new tasks at its head),
+// and a range read again would lose the entries pushed out of it into a
+// chunk already read.
+//
+// KEYS[1] lease set; ARGV[1] task key prefix; ARGV[2...] the entries as
+// read. Returns {ids, gone, {}} as listChunkScript does: the entries that
+// did not finish in read order, and those among them whose hash is gone.
+var recheckScript = redis.NewScript(`
+local ids = {}
+local gone = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if redis.call("EXISTS", ARGV[1] .. id) == 1 then
+    ids[#ids + 1] = id
+  elseif redis.call("ZSCORE", KEYS[1], id) then
+    ids[#ids + 1] = id
+    gone[#gone + 1] = id
+  end
+end
+return {ids, gone, {}}
+`)
+
 // sizesScript returns, in one step, the length of a queue's active list
 // and the size of its lease set. KEYS[1] active list; KEYS[2] lease set.
 var sizesScript = redis.NewScript(`return {redis.call("LLEN", KEYS[1]), redis.call("ZCARD", KEYS[2])}`)
@@ -135,9 +164,9 @@ type chunkRead struct {
 	// hashes exist.
 	ids    *redis.StringSliceCmd
 	exists *redis.IntCmd
-	// The exact read, by listChunkScript: for a chunk the fast read found
-	// an entry without a task hash in, and for every chunk of a queue
-	// whose lease set and active list differ in size.
+	// The exact read: by listChunkScript for every chunk of a queue whose
+	// lease set and active list differ in size; by recheckScript for a
+	// chunk the fast read found an entry without a task hash in.
 	reply *redis.Cmd
 }
 
@@ -164,11 +193,14 @@ type chunkRead struct {
 //     without a lease only behind a lease without an entry, which asynq
 //     never writes.)
 //   - Task hashes: a round reads its chunks (LRANGE), then counts their
-//     task hashes with one EXISTS per chunk. A chunk with a hash missing
-//     is read again and checked in one step by listChunkScript, whose
-//     answer is the chunk's: an entry that finished between the read and
-//     the count is so never reported as broken, and a gone hash does not
-//     come back for the same entry.
+//     task hashes with one EXISTS per chunk. The entries of a chunk with a
+//     hash missing are checked again in one step by recheckScript: an
+//     entry whose hash is gone and that still holds its lease is broken;
+//     one that finished between the read and the count has no lease any
+//     more and is dropped, never reported as broken. The entries are
+//     checked as read, not the list's range read again, so that a task
+//     pushed out of the range meanwhile (new tasks enter at the list's
+//     head) is not lost to a chunk read before.
 //
 // Every queue ends with exactly one call whose Done is true, or one whose
 // Err is set (a Redis error or ctx's, naming the queue); a queue asynq
@@ -212,7 +244,7 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 				}
 				length[c.queue] = sizesOf(c.sizes)[0]
 			}
-			ids, gone, noLease, err := c.result()
+			ids, gone, noLease, read, err := c.result()
 			if err != nil {
 				fail(err)
 				continue
@@ -228,7 +260,7 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 				for s := end; s < length[c.queue]; s += l.chunk {
 					next = append(next, &chunkRead{queue: c.queue, start: s})
 				}
-			case end >= length[c.queue] && len(ids) == l.chunk:
+			case end >= length[c.queue] && read == l.chunk:
 				length[c.queue] = end + 1
 				next = append(next, &chunkRead{queue: c.queue, start: end})
 			case end >= length[c.queue]:
@@ -246,7 +278,7 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 // read by LRANGE (listChunkScript instead for the first chunk of a queue
 // whose sizes differ, which it adds to exact), and, only for the chunks
 // whose EXISTS counted fewer hashes than entries, a pipeline of
-// listChunkScript. Each command carries its own error (a connection
+// recheckScript. Each command carries its own error (a connection
 // error, all of them), which chunkRead.result reports: a failing chunk
 // fails only its queue.
 func (l *IDLister) readRound(ctx context.Context, round []*chunkRead, exact map[string]bool) {
@@ -295,7 +327,12 @@ func (l *IDLister) readRound(ctx context.Context, round []*chunkRead, exact map[
 	_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range round {
 			if c.exists != nil && c.exists.Err() == nil && c.exists.Val() != int64(len(c.ids.Val())) {
-				script(p, c)
+				args := make([]any, 0, 1+len(c.ids.Val()))
+				args = append(args, asynqTaskKeyPrefix(c.queue))
+				for _, id := range c.ids.Val() {
+					args = append(args, id)
+				}
+				c.reply = recheckScript.Eval(ctx, p, []string{asynqLeaseKey(c.queue)}, args...)
 			}
 		}
 		return nil
@@ -314,19 +351,26 @@ func sizesOf(c *redis.Cmd) [2]int {
 }
 
 // result returns what c's reads found: the chunk's entries in list order,
-// those whose task hash is missing, and those whose hash is there but
-// that have no lease; or the error of the first read that failed.
-func (c *chunkRead) result() (ids, gone, noLease []string, err error) {
-	if c.reply != nil {
-		return chunkReply(c.reply)
+// those whose task hash is missing, those whose hash is there but that
+// have no lease, and how many entries the chunk's read returned (the
+// entries of a full chunk, also when some of them finished before they
+// were checked); or the error of the first read that failed.
+func (c *chunkRead) result() (ids, gone, noLease []string, read int, err error) {
+	if c.reply != nil && c.exists == nil { // listChunkScript read the chunk
+		ids, gone, noLease, err = chunkReply(c.reply)
+		return ids, gone, noLease, len(ids), err
 	}
 	if err := c.ids.Err(); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, 0, err
 	}
 	if c.exists != nil && c.exists.Err() != nil {
-		return nil, nil, nil, c.exists.Err()
+		return nil, nil, nil, 0, c.exists.Err()
 	}
-	return c.ids.Val(), nil, nil, nil
+	if c.reply != nil { // recheckScript checked the entries LRANGE read
+		ids, gone, noLease, err = chunkReply(c.reply)
+		return ids, gone, noLease, len(c.ids.Val()), err
+	}
+	return c.ids.Val(), nil, nil, len(c.ids.Val()), nil
 }
 
 // countFirst counts the first chunks at the head of round, which are read
