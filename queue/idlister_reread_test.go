@@ -97,3 +97,62 @@ func TestStreamActiveListsATaskThatStaysActiveWhileItsChunkIsReadAgain(t *testin
 		}
 	}
 }
+
+// breakLeaseAfterCount is a go-redis hook that, once, right after the
+// first pipeline holding an EXISTS returns, turns queue q's lease set into
+// a string, so that the check of q's entries that follows fails.
+type breakLeaseAfterCount struct {
+	rc    *redis.Client
+	q     string
+	fired bool
+}
+
+func (h *breakLeaseAfterCount) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *breakLeaseAfterCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *breakLeaseAfterCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if h.fired || !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "exists") }) {
+			return err
+		}
+		h.fired = true
+		if ferr := h.rc.Set(ctx, asynqLeaseKey(h.q), "not a sorted set", 0).Err(); ferr != nil {
+			return ferr
+		}
+		return err
+	}
+}
+
+// A check of a chunk's entries that fails ends that queue with one error
+// and no Done; the other queue of the same round is listed to its end.
+func TestStreamActiveFailingRecheckFailsOnlyItsQueue(t *testing.T) {
+	t.Parallel()
+	mr, rc := miniRedis(t)
+	ctx := t.Context()
+	writeQueue(t, ctx, rc, "bad", []activeEntry{{id: "a1", hash: true, lease: true}, {id: "a2", lease: true}})
+	writeQueue(t, ctx, rc, "good", []activeEntry{{id: "b1", hash: true, lease: true}, {id: "b2", hash: true, lease: true}})
+	hooked := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = hooked.Close() })
+	hook := &breakLeaseAfterCount{rc: rc, q: "bad"}
+	hooked.AddHook(hook)
+	ends := map[string][]string{}
+	got := map[string][]string{}
+	(&IDLister{client: hooked, chunk: 1000}).StreamActive(ctx, []string{"bad", "good"}, func(c ActiveChunk) {
+		got[c.Queue] = append(got[c.Queue], c.IDs...)
+		switch {
+		case c.Err != nil:
+			ends[c.Queue] = append(ends[c.Queue], "err: "+c.Err.Error())
+		case c.Done:
+			ends[c.Queue] = append(ends[c.Queue], "done")
+		}
+	})
+	if !hook.fired {
+		t.Fatal("the lease set was never broken")
+	}
+	if len(ends["bad"]) != 1 || !strings.Contains(ends["bad"][0], "WRONGTYPE") || len(got["bad"]) != 0 {
+		t.Errorf("queue bad ended %v with IDs %v; want one WRONGTYPE error and no IDs", ends["bad"], got["bad"])
+	}
+	if !slices.Equal(ends["good"], []string{"done"}) || !slices.Equal(got["good"], []string{"b1", "b2"}) {
+		t.Errorf("queue good ended %v with IDs %v; want done with [b1 b2]", ends["good"], got["good"])
+	}
+}
