@@ -62,8 +62,8 @@ return {ids, gone, nolease}
 // directly: chunks of IDs, read in rounds of a few pipelines (see
 // StreamActive), with no payload decoded (the Inspector ships and decodes
 // every task and every expired lease on every page: measured 895 ms
-// against 35 ms for 100,000 active tasks). TaskStatus, used for the few lost-task candidates of a
-// pass, goes through asynq's Inspector.
+// against 35 ms for 100,000 active tasks). TaskStatus, used for the few
+// lost-task candidates of a pass, goes through asynq's Inspector.
 //
 // It depends on asynq's key layout (asynq:queues, asynq:{<queue>}:active,
 // asynq:{<queue>}:t:<id>, asynq:{<queue>}:lease); TestIDListerKeyLayout
@@ -389,9 +389,10 @@ func countFirst(round []*chunkRead) int {
 // Broken; entries without a lease are named in NoLease; neither kind is in
 // IDs.
 //
-// The list can move between two chunks (asynq pushes new tasks at its
-// head), so a task that started or finished meanwhile may be missed; it is
-// seen again by the next pass.
+// The list can move between two rounds (asynq pushes new tasks at its
+// head and takes finished ones out wherever they are), so an entry may be
+// read twice (IDs holds it once) or, when tasks before it finish, missed;
+// it is seen again by the next pass.
 //
 // It returns ActiveTasks{NotFound: true}, nil when asynq never saw queue.
 // Errors, each naming the queue: ctx's error; any Redis error, wrapped.
