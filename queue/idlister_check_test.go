@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 )
@@ -105,42 +106,58 @@ func TestStreamActiveChecksFindWhatAnEntryByEntryCheckFinds(t *testing.T) {
 	})
 }
 
-// finishAfterRead is a go-redis hook that, once, right after the first
-// pipeline holding an LRANGE of queue q returns, finishes task id as
-// asynq's done script does (list entry, lease and task hash removed in
-// one step): between the read of a chunk and the count of its hashes.
-type finishAfterRead struct {
-	rc   *redis.Client
-	q    string
-	id   string
-	done bool
+// onceAfter is a go-redis hook that, once, right after the first
+// pipeline for which match is true returns, runs then: it changes asynq's
+// keys between two pipelines of a listing, as a worker running meanwhile
+// would.
+type onceAfter struct {
+	match func(cmds []redis.Cmder) bool
+	then  func(ctx context.Context) error
+	fired bool
 }
 
-func (h *finishAfterRead) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *finishAfterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return next
-}
-func (h *finishAfterRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *onceAfter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *onceAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *onceAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
-		if h.done || !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "lrange") }) {
+		if h.fired || !h.match(cmds) {
 			return err
 		}
-		h.done = true
-		_, ferr := h.rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.LRem(ctx, asynqActiveKey(h.q), 0, h.id)
-			p.ZRem(ctx, asynqLeaseKey(h.q), h.id)
-			p.Del(ctx, asynqTaskKeyPrefix(h.q)+h.id)
-			return nil
-		})
-		if ferr != nil {
+		h.fired = true
+		if ferr := h.then(ctx); ferr != nil {
 			return ferr
 		}
 		return err
 	}
 }
 
-var _ redis.Hook = (*finishAfterRead)(nil)
+// holding returns a match for a pipeline holding a command named name.
+func holding(name string) func([]redis.Cmder) bool {
+	return func(cmds []redis.Cmder) bool {
+		return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return strings.EqualFold(c.Name(), name) })
+	}
+}
+
+// hookedClient returns a second client of mr with hook, closed at cleanup.
+func hookedClient(t *testing.T, mr *miniredis.Miniredis, hook redis.Hook) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	c.AddHook(hook)
+	return c
+}
+
+// finish finishes task id of queue q as asynq's done script does: list
+// entry, lease and task hash removed in one step.
+func finish(ctx context.Context, rc *redis.Client, q, id string) error {
+	_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.LRem(ctx, asynqActiveKey(q), 0, id)
+		p.ZRem(ctx, asynqLeaseKey(q), id)
+		p.Del(ctx, asynqTaskKeyPrefix(q)+id)
+		return nil
+	})
+	return err
+}
 
 // A task that finishes between the read of its chunk and the count of the
 // chunk's hashes is not a broken entry: the count comes up short, the
@@ -155,17 +172,15 @@ func TestStreamActiveDoesNotReportATaskThatFinishedBetweenReadAndCheck(t *testin
 			ctx := t.Context()
 			q := "finish"
 			writeQueue(t, ctx, rc, q, []activeEntry{{id: "J1", hash: true, lease: true}, {id: "J2", hash: true, lease: true}, {id: "J3", hash: true, lease: true}})
-			hooked := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
-			t.Cleanup(func() { _ = hooked.Close() })
-			hook := &finishAfterRead{rc: rc, q: q, id: finished}
-			hooked.AddHook(hook)
-			got, err := (&IDLister{client: hooked, chunk: 1000}).ListActive(ctx, q)
+			// Between the read of the chunk and the count of its hashes.
+			hook := &onceAfter{match: holding("lrange"), then: func(ctx context.Context) error { return finish(ctx, rc, q, finished) }}
+			got, err := (&IDLister{client: hookedClient(t, mr, hook), chunk: 1000}).ListActive(ctx, q)
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := slices.DeleteFunc([]string{"J1", "J2", "J3"}, func(id string) bool { return id == finished })
-			if !hook.done || !slices.Equal(got.IDs, want) || got.EmptyIDs != 0 || len(got.Broken) != 0 || len(got.NoLease) != 0 {
-				t.Fatalf("ListActive = %+v (task finished after the read: %v); want IDs %v and no broken entry", got, hook.done, want)
+			if !hook.fired || !slices.Equal(got.IDs, want) || got.EmptyIDs != 0 || len(got.Broken) != 0 || len(got.NoLease) != 0 {
+				t.Fatalf("ListActive = %+v (task finished after the read: %v); want IDs %v and no broken entry", got, hook.fired, want)
 			}
 		})
 	}

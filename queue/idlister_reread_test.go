@@ -10,55 +10,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// moveAfterLaterRead is a go-redis hook that, once, right after the first
-// pipeline reading a chunk past a queue's first returns, finishes
-// task done (as asynq's done script does) and starts tasks started (as
-// its dequeue does: pushed at the list's head, with hash and lease): the
-// list moves between the read of a round's chunks and the count of their
-// hashes.
-type moveAfterLaterRead struct {
-	rc      *redis.Client
-	q       string
-	done    string
-	started []string
-	moved   bool
-}
-
-func (h *moveAfterLaterRead) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *moveAfterLaterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *moveAfterLaterRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		later := slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
-			a := c.Args()
-			switch strings.ToLower(c.Name()) {
-			case "lrange":
-				return fmt.Sprint(a[2]) != "0"
-			case "eval", "evalsha": // listChunkScript: ARGV[1] is the first index
-				return len(a) > 5 && fmt.Sprint(a[5]) != "0"
-			}
-			return false
-		})
-		if h.moved || !later {
-			return err
+// laterChunkRead matches the first pipeline reading a chunk past a
+// queue's first (by LRANGE, or by listChunkScript, whose ARGV[1] is the
+// chunk's first index).
+func laterChunkRead(cmds []redis.Cmder) bool {
+	return slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+		a := c.Args()
+		switch strings.ToLower(c.Name()) {
+		case "lrange":
+			return fmt.Sprint(a[2]) != "0"
+		case "eval", "evalsha":
+			return len(a) > 5 && fmt.Sprint(a[5]) != "0"
 		}
-		h.moved = true
-		_, ferr := h.rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.LRem(ctx, asynqActiveKey(h.q), 0, h.done)
-			p.ZRem(ctx, asynqLeaseKey(h.q), h.done)
-			p.Del(ctx, asynqTaskKeyPrefix(h.q)+h.done)
-			for _, id := range h.started {
-				p.LPush(ctx, asynqActiveKey(h.q), id)
-				p.HSet(ctx, asynqTaskKeyPrefix(h.q)+id, "state", "active")
-				p.ZAdd(ctx, asynqLeaseKey(h.q), redis.Z{Score: 1764590000, Member: id})
-			}
-			return nil
-		})
-		if ferr != nil {
-			return ferr
-		}
-		return err
-	}
+		return false
+	})
 }
 
 // A task that stays active through the whole listing is listed, also when
@@ -76,18 +41,29 @@ func TestStreamActiveListsATaskThatStaysActiveWhileItsChunkIsReadAgain(t *testin
 		entries = append(entries, activeEntry{id: id, hash: true, lease: true})
 	}
 	writeQueue(t, ctx, rc, q, entries)
-	hooked := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = hooked.Close() })
 	// Chunks of 2: {a b} in the first round; {c d} and {e f} read together
 	// in the second. Between that read and the count, c finishes and n1,
-	// n2 start.
-	hook := &moveAfterLaterRead{rc: rc, q: q, done: "c", started: []string{"n1", "n2"}}
-	hooked.AddHook(hook)
-	got, err := (&IDLister{client: hooked, chunk: 2}).ListActive(ctx, q)
+	// n2 start (as asynq's dequeue starts them: pushed at the list's head,
+	// with hash and lease).
+	hook := &onceAfter{match: laterChunkRead, then: func(ctx context.Context) error {
+		if err := finish(ctx, rc, q, "c"); err != nil {
+			return err
+		}
+		_, err := rc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			for _, id := range []string{"n1", "n2"} {
+				p.LPush(ctx, asynqActiveKey(q), id)
+				p.HSet(ctx, asynqTaskKeyPrefix(q)+id, "state", "active")
+				p.ZAdd(ctx, asynqLeaseKey(q), redis.Z{Score: 1764590000, Member: id})
+			}
+			return nil
+		})
+		return err
+	}}
+	got, err := (&IDLister{client: hookedClient(t, mr, hook), chunk: 2}).ListActive(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hook.moved {
+	if !hook.fired {
 		t.Fatal("the list never moved")
 	}
 	for _, id := range []string{"a", "b", "d", "e", "f"} {
@@ -95,31 +71,6 @@ func TestStreamActiveListsATaskThatStaysActiveWhileItsChunkIsReadAgain(t *testin
 			t.Errorf("ListActive = IDs %v, Broken %v, NoLease %v: task %s, active throughout, is missing",
 				got.IDs, got.Broken, got.NoLease, id)
 		}
-	}
-}
-
-// breakLeaseAfterCount is a go-redis hook that, once, right after the
-// first pipeline holding an EXISTS returns, turns queue q's lease set into
-// a string, so that the check of q's entries that follows fails.
-type breakLeaseAfterCount struct {
-	rc    *redis.Client
-	q     string
-	fired bool
-}
-
-func (h *breakLeaseAfterCount) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *breakLeaseAfterCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *breakLeaseAfterCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		if h.fired || !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return strings.EqualFold(c.Name(), "exists") }) {
-			return err
-		}
-		h.fired = true
-		if ferr := h.rc.Set(ctx, asynqLeaseKey(h.q), "not a sorted set", 0).Err(); ferr != nil {
-			return ferr
-		}
-		return err
 	}
 }
 
@@ -131,13 +82,14 @@ func TestStreamActiveFailingRecheckFailsOnlyItsQueue(t *testing.T) {
 	ctx := t.Context()
 	writeQueue(t, ctx, rc, "bad", []activeEntry{{id: "a1", hash: true, lease: true}, {id: "a2", lease: true}})
 	writeQueue(t, ctx, rc, "good", []activeEntry{{id: "b1", hash: true, lease: true}, {id: "b2", hash: true, lease: true}})
-	hooked := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = hooked.Close() })
-	hook := &breakLeaseAfterCount{rc: rc, q: "bad"}
-	hooked.AddHook(hook)
+	// Right after the count of the hashes, queue bad's lease set turns
+	// into a string, so that the check of its entries that follows fails.
+	hook := &onceAfter{match: holding("exists"), then: func(ctx context.Context) error {
+		return rc.Set(ctx, asynqLeaseKey("bad"), "not a sorted set", 0).Err()
+	}}
 	ends := map[string][]string{}
 	got := map[string][]string{}
-	(&IDLister{client: hooked, chunk: 1000}).StreamActive(ctx, []string{"bad", "good"}, func(c ActiveChunk) {
+	(&IDLister{client: hookedClient(t, mr, hook), chunk: 1000}).StreamActive(ctx, []string{"bad", "good"}, func(c ActiveChunk) {
 		got[c.Queue] = append(got[c.Queue], c.IDs...)
 		switch {
 		case c.Err != nil:
