@@ -13,17 +13,19 @@ type Canceller interface {
 }
 
 // cancelHandlers asks asynq to cancel the running handlers of a committed
-// batch of reaps whose tasks were active (reason stalled: they were listed
-// active this pass), after their markers: asynq then stops waiting for the
+// batch of reaps, after their markers: asynq then stops waiting for the
 // handler at once, frees its worker slot and schedules a retry, which the
-// start guard refuses (B30). A handler that ignores its context keeps
+// start guard refuses (B30). A stalled job's task was listed active this
+// pass; a lost job's handler may be running too (an active entry without
+// a lease or task hash, whose handler hangs), and a cancel of a task that
+// no worker runs is ignored by every worker, so every reap is cancelled. A handler that ignores its context keeps
 // running until it returns; its late writes are refused and counted in
 // jobreaper_late_results_refused_total. The reaps are committed, so the
 // cancels are sent even when the pass is being stopped. A failed publish
 // is logged, not an error of the pass: the reap stands, and the guard
 // refuses the task's next delivery either way.
-func (r *Reaper) cancelHandlers(ctx context.Context, reaped []jobs.ReapedJob, reason string) {
-	if r.opts.Canceller == nil || reason != jobs.ReasonStalled || len(reaped) == 0 {
+func (r *Reaper) cancelHandlers(ctx context.Context, reaped []jobs.ReapedJob) {
+	if r.opts.Canceller == nil || len(reaped) == 0 {
 		return
 	}
 	ids := make([]string, len(reaped))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -338,9 +339,16 @@ func TestBrokenActiveEntriesAreCountedAndTheirStalledJobsReapedAsLost(t *testing
 		t.Fatal(err)
 	}
 
-	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once = true }).RunOnce(ctx)
+	cancels := &recordingCanceller{}
+	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.Canceller = true, cancels }).RunOnce(ctx)
 	if err != nil || res.BrokenActive != 2 || res.Scanned != 3 || res.ReapedBy["stalled"] != 1 || res.ReapedBy["lost_task"] != 2 {
 		t.Fatalf("pass = %+v, %v; want 2 broken entries, J-ok stalled, the other two lost_task", res, err)
+	}
+	// The handlers of the broken entries may still run (their tasks are
+	// listed active): every reaped job's handler is cancelled, lost ones
+	// too, not only the stalled one.
+	if got := cancels.sorted(); !slices.Equal(got, []string{"J-nohash", "J-nolease", "J-ok"}) {
+		t.Fatalf("cancels published for %v, want all three reaped jobs", got)
 	}
 	if got := metricValue(t, o.reg, "jobreaper_broken_active_entries", map[string]string{"queue": q}); got != 2 {
 		t.Fatalf("jobreaper_broken_active_entries{queue=%s} = %v, want 2", q, got)
@@ -354,6 +362,25 @@ func TestBrokenActiveEntriesAreCountedAndTheirStalledJobsReapedAsLost(t *testing
 	if err != nil || !slices.Equal(after, before) {
 		t.Fatalf("asynq's active list changed: %v -> %v (%v); jobreaper never writes asynq's keys", before, after, err)
 	}
+}
+
+// recordingCanceller records the job IDs whose handlers a pass cancels.
+type recordingCanceller struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (c *recordingCanceller) Cancel(_ context.Context, ids []string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids = append(c.ids, ids...)
+	return len(ids), nil
+}
+
+func (c *recordingCanceller) sorted() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Sorted(slices.Values(c.ids))
 }
 
 // Under a mass-loss limit a lost job is judged twice, when the cycle finds

@@ -91,7 +91,7 @@ type Options struct {
 	// decisions come from the same code as a real pass's.
 	DryRun bool
 	// Canceller, when set, publishes asynq's cancel of the running
-	// handler of each reaped job that was active, after its batch's
+	// handler of each reaped job, stalled or lost, after its batch's
 	// markers are written (cancel on reap, B30).
 	Canceller Canceller
 	// LoadBatch is how many task IDs one load of rows names (default

@@ -101,7 +101,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 				"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
 		}
 		r.setMarkers(ctx, out.Reaped, res)
-		r.cancelHandlers(ctx, out.Reaped, reason)
+		r.cancelHandlers(ctx, out.Reaped)
 	}
 }
 
