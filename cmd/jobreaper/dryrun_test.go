@@ -43,6 +43,10 @@ func TestRunOnceDryRun(t *testing.T) {
 	if doc.Scanned != 2 || doc.Reaped != 1 || doc.Skipped["within_limit"] != 1 || len(doc.Decisions) != 2 {
 		t.Fatalf("dry run = %+v", doc)
 	}
+	// Empty lists and maps are [] and {}, as in a real pass's summary.
+	if !strings.Contains(r.stdout, `"queues_not_found":[]`) || !strings.Contains(r.stdout, `"lost_task":0`) {
+		t.Fatalf("dry run JSON has null where a real pass has [] or a reason missing:\n%s", r.stdout)
+	}
 	for _, d := range doc.Decisions {
 		switch d.JobID {
 		case stalled:

@@ -94,9 +94,7 @@ type dryRunDoc struct {
 // printDryRun writes a dry run's summary and decisions: one JSON document,
 // or the summary line then one line per decision.
 func printDryRun(w io.Writer, res reaper.Result, output string) error {
-	if res.Skipped == nil {
-		res.Skipped = map[string]int{}
-	}
+	res = forScripts(res)
 	decisions := res.Decisions
 	if decisions == nil {
 		decisions = []reaper.Decision{}

@@ -213,11 +213,13 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	return nil
 }
 
-// printResult writes res as one JSON document or as one human line.
-func printResult(w io.Writer, res reaper.Result, output string) error {
+// forScripts returns res with {} and [] rather than null where a field is
+// empty, and both reasons in ReapedBy, for scripts reading the JSON.
+func forScripts(res reaper.Result) reaper.Result {
 	if res.Skipped == nil {
-		res.Skipped = map[string]int{} // {} rather than null for scripts
+		res.Skipped = map[string]int{}
 	}
+	res.ReapedBy = maps.Clone(res.ReapedBy)
 	if res.ReapedBy == nil {
 		res.ReapedBy = map[string]int{}
 	}
@@ -227,6 +229,12 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
 		res.ReapedBy[reason] += 0 // both keys, always
 	}
+	return res
+}
+
+// printResult writes res as one JSON document or as one human line.
+func printResult(w io.Writer, res reaper.Result, output string) error {
+	res = forScripts(res)
 	if output == outputJSON {
 		return json.NewEncoder(w).Encode(res)
 	}
