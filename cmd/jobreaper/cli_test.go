@@ -66,6 +66,27 @@ func TestRunOnceJSONCouldNotRun(t *testing.T) {
 		}
 	})
 
+	t.Run("MalformedFlagsPrintOneJSONError", func(t *testing.T) {
+		t.Parallel()
+		for _, args := range [][]string{
+			{"run", "--once", "--output", "json", "--interval", "abc"},
+			{"run", "--interval", "abc", "--once", "--output=json"},
+			{"run", "--once", "--output", "json", "--bogus"},
+		} {
+			r := run(t, args...)
+			requireExit(t, r, exitCannotRun)
+			if msg := requireJSONError(t, r); !strings.Contains(msg, "see jobreaper run --help") {
+				t.Fatalf("%v: error = %q, want the flag problem and the help pointer", args, msg)
+			}
+		}
+		// Without --once, stdout stays empty, as for any daemon error.
+		r := run(t, "run", "--output", "json", "--interval", "abc")
+		requireExit(t, r, exitCannotRun)
+		if r.stdout != "" {
+			t.Fatalf("run without --once printed %q on stdout", r.stdout)
+		}
+	})
+
 	t.Run("TextOutputKeepsStdoutEmpty", func(t *testing.T) {
 		t.Parallel()
 		r := run(t, "run", "--once", "--database-url", "postgres://u@127.0.0.1:1/x", "--redis-url", "127.0.0.1:6379")

@@ -56,13 +56,15 @@ func cannotRun(format string, args ...any) error {
 type app struct {
 	stdout, stderr io.Writer
 	environ        []string
+	// args is the command line, without the program name.
+	args []string
 }
 
 // execute runs the command line args (without the program name) and
 // returns the process's exit code. main is the only caller besides tests,
 // which capture stdout and stderr.
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr, environ: os.Environ()}
+	a := &app{stdout: stdout, stderr: stderr, environ: os.Environ(), args: args}
 	root := a.rootCmd()
 	root.SetArgs(hoistLeadingFlags(root, args))
 	err := root.ExecuteContext(ctx)
@@ -109,13 +111,30 @@ Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return cannotRun("%s; see %s --help", flagProblem(cmd, err), cmd.CommandPath())
+		e := cannotRun("%s; see %s --help", flagProblem(cmd, err), cmd.CommandPath())
+		// The flags could not be read, --output among them: the command
+		// line says whether its caller reads JSON.
+		if cmd.Name() == "run" && asksForJSON(a.args) {
+			a.printJSONError(e)
+		}
+		return e
 	})
 	root.CompletionOptions.DisableDefaultCmd = true
 	// Each command defines only the flags it uses, so that its --help
 	// lists those and an unknown one is caught and explained.
 	root.AddCommand(a.migrateCmd(), a.runCmd(), a.inspectCmd(), a.requeueCmd(), a.cancelCmd(), a.pruneCmd(), a.demoCmd(), a.versionCmd())
 	return root
+}
+
+// asksForJSON reports whether args hold --once and --output json (or
+// --output=json), the only command line whose stdout is JSON.
+func asksForJSON(args []string) bool {
+	once, json := false, false
+	for i, arg := range args {
+		once = once || arg == "--once" || arg == "--once=true"
+		json = json || arg == "--output=json" || arg == "--output" && i+1 < len(args) && args[i+1] == outputJSON
+	}
+	return once && json
 }
 
 // oneLine folds a message onto one line for stderr, dropping repeated
