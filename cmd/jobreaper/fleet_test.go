@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // fleetDeadline bounds every wait of the fleet tests: they poll, and a
@@ -150,6 +152,8 @@ func TestLeaderLeaseOneReplicaRunsPasses(t *testing.T) {
 	waitFor(t, "B leads once A stopped renewing", func() bool { return b.leads(t) })
 	db.JobType(t, "report.export", "30 minutes", "", "")
 	id := unique("J-fleet")
+	rdb := realRedis(t)
+	t.Cleanup(func() { rdb.Del(context.Background(), queue.MarkerKey(id)) })
 	db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: q,
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 	activeTask(t, id, q)
