@@ -164,10 +164,12 @@ type chunkRead struct {
 	// hashes exist.
 	ids    *redis.StringSliceCmd
 	exists *redis.IntCmd
-	// The exact read: by listChunkScript for every chunk of a queue whose
-	// lease set and active list differ in size; by recheckScript for a
-	// chunk the fast read found an entry without a task hash in.
+	// The exact read, by listChunkScript, of every chunk of a queue whose
+	// lease set and active list differ in size.
 	reply *redis.Cmd
+	// The check again, by recheckScript, of the entries of a chunk the
+	// fast read found an entry without a task hash in.
+	recheck *redis.Cmd
 }
 
 // StreamActive reads the active lists of queues and calls fn with each
@@ -273,14 +275,14 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 }
 
 // readRound reads and checks the chunks of one round: a pipeline of
-// LRANGEs (for a queue's first chunk also SISMEMBER and sizesScript; for
-// a queue in exact, listChunkScript), a pipeline of one EXISTS per chunk
-// read by LRANGE (listChunkScript instead for the first chunk of a queue
-// whose sizes differ, which it adds to exact), and, only for the chunks
-// whose EXISTS counted fewer hashes than entries, a pipeline of
-// recheckScript. Each command carries its own error (a connection
-// error, all of them), which chunkRead.result reports: a failing chunk
-// fails only its queue.
+// LRANGEs (for a queue's first chunk also SISMEMBER and sizesScript; for a
+// queue in exact, listChunkScript); then it adds to exact each queue whose
+// first chunk's sizes differ; a pipeline of one EXISTS per chunk read by
+// LRANGE (listChunkScript instead for a queue in exact), and, only for the
+// chunks whose EXISTS counted fewer hashes than entries, a pipeline of
+// recheckScript. Each command carries its own error (a connection error,
+// all of them), which chunkRead.result reports: a failing chunk fails only
+// its queue.
 func (l *IDLister) readRound(ctx context.Context, round []*chunkRead, exact map[string]bool) {
 	script := func(p redis.Pipeliner, c *chunkRead) {
 		c.reply = listChunkScript.Eval(ctx, p, []string{asynqActiveKey(c.queue), asynqLeaseKey(c.queue)},
@@ -301,15 +303,17 @@ func (l *IDLister) readRound(ctx context.Context, round []*chunkRead, exact map[
 		}
 		return nil
 	})
+	for _, c := range round {
+		if c.first && c.sizes.Err() == nil {
+			if sz := sizesOf(c.sizes); sz[0] != sz[1] {
+				exact[c.queue] = true
+			}
+		}
+	}
 	_, _ = l.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range round {
 			if c.reply != nil || c.ids.Err() != nil || len(c.ids.Val()) == 0 {
 				continue
-			}
-			if c.first && c.sizes.Err() == nil {
-				if sz := sizesOf(c.sizes); sz[0] != sz[1] {
-					exact[c.queue] = true
-				}
 			}
 			if exact[c.queue] {
 				script(p, c)
@@ -332,7 +336,7 @@ func (l *IDLister) readRound(ctx context.Context, round []*chunkRead, exact map[
 				for _, id := range c.ids.Val() {
 					args = append(args, id)
 				}
-				c.reply = recheckScript.Eval(ctx, p, []string{asynqLeaseKey(c.queue)}, args...)
+				c.recheck = recheckScript.Eval(ctx, p, []string{asynqLeaseKey(c.queue)}, args...)
 			}
 		}
 		return nil
@@ -356,7 +360,7 @@ func sizesOf(c *redis.Cmd) [2]int {
 // entries of a full chunk, also when some of them finished before they
 // were checked); or the error of the first read that failed.
 func (c *chunkRead) result() (ids, gone, noLease []string, read int, err error) {
-	if c.reply != nil && c.exists == nil { // listChunkScript read the chunk
+	if c.reply != nil { // listChunkScript read the chunk
 		ids, gone, noLease, err = chunkReply(c.reply)
 		return ids, gone, noLease, len(ids), err
 	}
@@ -366,8 +370,8 @@ func (c *chunkRead) result() (ids, gone, noLease []string, read int, err error) 
 	if c.exists != nil && c.exists.Err() != nil {
 		return nil, nil, nil, 0, c.exists.Err()
 	}
-	if c.reply != nil { // recheckScript checked the entries LRANGE read
-		ids, gone, noLease, err = chunkReply(c.reply)
+	if c.recheck != nil { // recheckScript checked the entries LRANGE read
+		ids, gone, noLease, err = chunkReply(c.recheck)
 		return ids, gone, noLease, len(c.ids.Val()), err
 	}
 	return c.ids.Val(), nil, nil, len(c.ids.Val()), nil

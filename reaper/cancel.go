@@ -16,10 +16,11 @@ type Canceller interface {
 // batch of reaps, after their markers: asynq then stops waiting for the
 // handler at once, frees its worker slot and schedules a retry, which the
 // start guard refuses (B30). A stalled job's task was listed active this
-// pass; a lost job's handler may be running too (an active entry without
-// a lease or task hash, whose handler hangs), and a cancel of a task that
-// no worker runs is ignored by every worker, so every reap is cancelled. A handler that ignores its context keeps
-// running until it returns; its late writes are refused and counted in
+// pass; a lost job's handler may be running too (an active entry without a
+// lease or task hash, whose handler hangs), and a cancel of a task that no
+// worker runs is ignored by every worker, so every reap is cancelled. A
+// handler that ignores its context keeps running until it returns; its
+// late writes are refused and counted in
 // jobreaper_late_results_refused_total. The reaps are committed, so the
 // cancels are sent even when the pass is being stopped. A failed publish
 // is logged, not an error of the pass: the reap stands, and the guard
