@@ -29,17 +29,35 @@ type MarkerRef struct {
 	Generation int64
 }
 
-// markersSetSQL records written markers. The rows are named by id =
-// ANY(@ids), which only the primary key serves; the status is compared
+// markersLockedSQL is the first part of the markers statements: it locks
+// the FAILED rows of refs (id and generation as recorded) in ID order, the
+// order ReapBatch locks its batch in (reapLockSQL), before the UPDATE that
+// follows changes any. Without it the UPDATE would lock rows in the order
+// its scan returns them, the heap order when the planner picks a bitmap
+// scan; a reap holding one row of the set and waiting for another would
+// then close a cycle that PostgreSQL breaks by failing one of the two (and
+// any start guard queued behind them on the row). LockRows runs above the
+// sort, so the locks are taken in the sorted order. The rows are named by
+// id = ANY(@ids), which only the primary key serves; the status is compared
 // under COLLATE "C" so that the clause does not match the predicate of the
 // partial index jobs_failed_finished_idx (see StallPredicate): on a table
 // whose statistics say no row is FAILED the planner would otherwise read
 // that whole index for each call.
-const markersSetSQL = `
+const markersLockedSQL = `
+WITH locked AS MATERIALIZED (
+    SELECT j.id FROM {schema}.jobs j
+      JOIN unnest(@ids::text[], @generations::int8[]) AS m(id, generation) ON m.id = j.id AND m.generation = j.generation
+     WHERE j.id = ANY(@ids::text[]) AND j.status COLLATE "C" = 'FAILED'
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+)`
+
+// markersSetSQL records written markers on the rows markersLockedSQL
+// locked.
+const markersSetSQL = markersLockedSQL + `
 UPDATE {schema}.jobs j SET marker_set_at = now()
-  FROM unnest(@ids::text[], @generations::int8[]) AS m(id, generation)
- WHERE j.id = ANY(@ids::text[]) AND j.id = m.id AND j.generation = m.generation
-   AND j.status COLLATE "C" = 'FAILED' AND j.marker_set_at IS NULL`
+  FROM locked l
+ WHERE j.id = ANY(@ids::text[]) AND j.id = l.id AND j.marker_set_at IS NULL`
 
 // MarkMarkerSet records that the marker of jobID's reap at generation was
 // written, so ListMissingMarkers no longer returns the job. It changes
@@ -63,12 +81,12 @@ func (s *Store) markMarkersSet(ctx context.Context, refs []MarkerRef) error {
 }
 
 // markersFailedSQL clears marker_set_at of reaps whose marker write
-// failed (ReapBatch sets it with the reap), planned like markersSetSQL.
-const markersFailedSQL = `
+// failed (ReapBatch sets it with the reap), on the rows markersLockedSQL
+// locked.
+const markersFailedSQL = markersLockedSQL + `
 UPDATE {schema}.jobs j SET marker_set_at = NULL
-  FROM unnest(@ids::text[], @generations::int8[]) AS m(id, generation)
- WHERE j.id = ANY(@ids::text[]) AND j.id = m.id AND j.generation = m.generation
-   AND j.status COLLATE "C" = 'FAILED' AND j.marker_set_at IS NOT NULL`
+  FROM locked l
+ WHERE j.id = ANY(@ids::text[]) AND j.id = l.id AND j.marker_set_at IS NOT NULL`
 
 // MarkMarkersFailed records, in one statement, that the markers of refs
 // could not be written after their reap, which ReapBatch recorded as

@@ -1,0 +1,85 @@
+package jobs_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+)
+
+// The statements that record marker writes change several job rows at
+// once, as a reap does. They must lock those rows in ID order, the order
+// ReapBatch locks its batch in: a statement that locked B before A while a
+// reap held A and waited for B would close a cycle that PostgreSQL breaks
+// by failing one of them (and a start guard queued behind them on A with
+// it). The rows are inserted B first, so the heap order a bitmap scan
+// returns them in is the opposite of the ID order; a transaction holds A;
+// while the statement waits for A, B must still be free.
+func TestMarkerStatementsLockRowsInIDOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		markerSet bool // marker_set_at before the statement
+		run       func(*jobs.Store, []jobs.MarkerRef) error
+	}{
+		{"MarkMarkersSet", false, func(s *jobs.Store, refs []jobs.MarkerRef) error {
+			return s.MarkMarkersSet(context.Background(), refs)
+		}},
+		{"MarkMarkersFailed", true, func(s *jobs.Store, refs []jobs.MarkerRef) error {
+			return s.MarkMarkersFailed(context.Background(), refs)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := jobstest.New(t)
+			db.JobType(t, "report.export", "1 hour", "", "")
+			store := db.Store()
+			marker := "NULL"
+			if tc.markerSet {
+				marker = "now()"
+			}
+			db.Exec(t, `INSERT INTO jobs (id, type, status, generation, failure_reason, finished_at, marker_set_at)
+VALUES ('B', 'report.export', 'FAILED', 1, 'stalled', now(), `+marker+`),
+       ('A', 'report.export', 'FAILED', 1, 'stalled', now(), `+marker+`)`)
+
+			holder, pid := conn(t, db)
+			for _, sql := range []string{`BEGIN`, `SELECT id FROM jobs WHERE id = 'A' FOR UPDATE`} {
+				if _, err := holder.Exec(ctx, sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make(chan error, 1)
+			go func() {
+				done <- tc.run(store, []jobs.MarkerRef{{JobID: "A", Generation: 1}, {JobID: "B", Generation: 1}})
+			}()
+			jobstest.Eventually(t, "the statement waits for A's lock", func() bool {
+				return db.Count(t, `SELECT count(*) FROM pg_stat_activity
+ WHERE wait_event_type = 'Lock' AND pid <> $1 AND position($2 in query) > 0`, pid, db.Schema) == 1
+			})
+			_, err := db.Pool.Exec(ctx, `SELECT id FROM `+db.Table("jobs")+` WHERE id = 'B' FOR UPDATE NOWAIT`)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+				t.Fatalf("%s locked B while it waited for A: rows are locked out of ID order", tc.name)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			want := int64(2)
+			if tc.markerSet {
+				want = 0
+			}
+			requireCount(t, db, want, `SELECT count(*) FROM jobs WHERE marker_set_at IS NOT NULL`)
+		})
+	}
+}
