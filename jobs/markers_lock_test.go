@@ -17,8 +17,11 @@ import (
 // reap held A and waited for B would close a cycle that PostgreSQL breaks
 // by failing one of them (and a start guard queued behind them on A with
 // it). The rows are inserted B first, so the heap order a bitmap scan
-// returns them in is the opposite of the ID order; a transaction holds A;
-// while the statement waits for A, B must still be free.
+// returns them in is the opposite of the ID order; a transaction holds A
+// (a new attempt claiming it: generation 2); while the statement waits
+// for A, B must still be free. Once the claim commits, the statement
+// re-reads A under its lock and leaves it alone: its marker is not the
+// one of A's current generation.
 func TestMarkerStatementsLockRowsInIDOrder(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -48,7 +51,7 @@ VALUES ('B', 'report.export', 'FAILED', 1, 'stalled', now(), `+marker+`),
        ('A', 'report.export', 'FAILED', 1, 'stalled', now(), `+marker+`)`)
 
 			holder, pid := conn(t, db)
-			for _, sql := range []string{`BEGIN`, `SELECT id FROM jobs WHERE id = 'A' FOR UPDATE`} {
+			for _, sql := range []string{`BEGIN`, `UPDATE jobs SET generation = 2, status = 'PROCESSING' WHERE id = 'A'`} {
 				if _, err := holder.Exec(ctx, sql); err != nil {
 					t.Fatal(err)
 				}
@@ -75,11 +78,9 @@ VALUES ('B', 'report.export', 'FAILED', 1, 'stalled', now(), `+marker+`),
 			if err := <-done; err != nil {
 				t.Fatalf("%s: %v", tc.name, err)
 			}
-			want := int64(2)
-			if tc.markerSet {
-				want = 0
-			}
-			requireCount(t, db, want, `SELECT count(*) FROM jobs WHERE marker_set_at IS NOT NULL`)
+			// B changed; A, claimed meanwhile, kept what it had.
+			requireCount(t, db, 1, `SELECT count(*) FROM jobs WHERE id = 'B' AND (marker_set_at IS NOT NULL) <> $1`, tc.markerSet)
+			requireCount(t, db, 1, `SELECT count(*) FROM jobs WHERE id = 'A' AND generation = 2 AND (marker_set_at IS NOT NULL) = $1`, tc.markerSet)
 		})
 	}
 }
