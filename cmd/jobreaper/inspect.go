@@ -90,7 +90,9 @@ the database clock, generation, worker, cursor and total, its recorded
 batches (count and the last few), its event history (kind, time, generation,
 detail), its marker (present, generation, TTL) and its asynq task state
 (active, pending, scheduled, retry, archived, completed, not_found;
-unknown when the row has no queue). It changes nothing.
+unknown when the row has no queue). It changes nothing. When Redis cannot
+be reached it still prints the row, with the marker and the task state
+marked unreadable and a warning on stderr.
 
 With --output json stdout is one JSON document. An unknown job exits 1.`,
 		Args: cobra.ExactArgs(1),
@@ -103,12 +105,19 @@ With --output json stdout is one JSON document. An unknown job exits 1.`,
 				return err
 			}
 			log := newLogger(cfg, a.stderr)
-			d, err := connectOps(cmd.Context(), cfg, log, true, false)
+			d, err := connectOps(cmd.Context(), cfg, log, false, false)
 			if err != nil {
 				return err
 			}
-			defer d.close()
-			doc, err := a.inspect(cmd.Context(), d, cfg, args[0])
+			defer func() { d.close() }()
+			// The row is PostgreSQL's: an unreachable Redis costs only the
+			// marker and the task state, which the document marks unreadable.
+			redisErr := d.attachRedis(cmd.Context(), cfg, log)
+			if redisErr != nil {
+				log.Warn("Redis unreachable: the marker and the asynq task state are shown as unreadable",
+					"component", "main", "err", oneLine(redisErr.Error()))
+			}
+			doc, err := a.inspect(cmd.Context(), d, cfg, args[0], redisErr)
 			if err != nil {
 				if output == outputJSON { // one JSON document on stdout, as promised
 					_ = json.NewEncoder(a.stdout).Encode(struct {
@@ -129,9 +138,10 @@ With --output json stdout is one JSON document. An unknown job exits 1.`,
 }
 
 // inspect gathers job id's document from PostgreSQL, the marker store and
-// asynq. A marker or task state that cannot be read is shown as such; an
-// unknown job is an exit-1 error.
-func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id string) (inspectDoc, error) {
+// asynq. A marker or task state that cannot be read is shown as such, and
+// so are both when redisErr says Redis could not be reached (d has no
+// Redis then); an unknown job is an exit-1 error.
+func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id string, redisErr error) (inspectDoc, error) {
 	rec, err := d.store.Inspect(ctx, id, inspectBatches, inspectEvents)
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
@@ -162,6 +172,14 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 	if l := rec.Limits; l != nil {
 		doc.Limits = &limitsDoc{MaxRuntimeSeconds: l.MaxRuntime.Seconds(), StallTimeoutSeconds: seconds(l.StallTimeout),
 			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete}
+	}
+	if redisErr != nil {
+		doc.Marker.Error = oneLine(redisErr.Error())
+		doc.TaskState = taskStateUnknown
+		if rec.Queue != "" {
+			doc.TaskState = "error: " + oneLine(redisErr.Error())
+		}
+		return doc, nil
 	}
 	if gen, found, err := d.markers.Get(ctx, id); err != nil {
 		doc.Marker.Error = oneLine(err.Error())

@@ -53,21 +53,33 @@ func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRe
 	if !withRedis {
 		return d, nil
 	}
-	rdb, err := connectRedis(ctx, cfg)
-	if err != nil {
-		pool.Close()
+	if err := d.attachRedis(ctx, cfg, log); err != nil {
+		d.close()
 		return nil, err
 	}
-	d.rdb = rdb
+	return d, nil
+}
+
+// attachRedis connects d to Redis: d.rdb and d.markers. On failure d is
+// unchanged and the error is connectRedis's exit-2 error (or the marker
+// store's), naming the server and what to check.
+func (d *opsDeps) attachRedis(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	rdb, err := connectRedis(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	markers, err := queue.NewMarkerStore(rdb, queue.WithMarkerOpTimeout(cfg.OpTimeout))
+	if err != nil {
+		_ = rdb.Close()
+		return cannotRun("%v", err)
+	}
+	closePG := d.close
+	d.rdb, d.markers = rdb, markers
 	d.close = func() {
 		closeWith(log.With("component", "main"), "Redis client", rdb.Close)
-		pool.Close()
+		closePG()
 	}
-	if d.markers, err = queue.NewMarkerStore(rdb, queue.WithMarkerOpTimeout(cfg.OpTimeout)); err != nil {
-		d.close()
-		return nil, cannotRun("%v", err)
-	}
-	return d, nil
+	return nil
 }
 
 // taskLookup returns asynq's view of single tasks over d's Redis.

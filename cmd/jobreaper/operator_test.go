@@ -210,6 +210,31 @@ func TestInspectCommand(t *testing.T) {
 		}
 	}
 
+	// Redis down (nothing listens on port 1): the row is PostgreSQL's and
+	// is still shown; the marker and the task state are marked unreadable.
+	noRedis := run(t, "inspect", id, "--output", "json", "--database-url", db.URL, "--schema", db.Schema, "--redis-url", "redis://127.0.0.1:1/0")
+	requireExit(t, noRedis, exitOK)
+	var down inspectDoc
+	if err := json.Unmarshal([]byte(noRedis.stdout), &down); err != nil {
+		t.Fatalf("inspect with Redis down: stdout is not one document: %v\n%s", err, noRedis.stdout)
+	}
+	const refused = "cannot connect to Redis at redis://127.0.0.1:1/0"
+	if down.Status != jobs.StatusProcessing || down.Generation != 1 || down.EventCount != 1 || down.Marker.Present ||
+		down.Marker.Generation != nil || !strings.Contains(down.Marker.Error, refused) ||
+		!strings.HasPrefix(down.TaskState, "error: "+refused) {
+		t.Fatalf("inspect with Redis down = %+v", down)
+	}
+	if !strings.Contains(noRedis.stderr, "Redis unreachable: the marker and the asynq task state are shown as unreadable") {
+		t.Fatalf("inspect with Redis down: stderr lacks the warning:\n%s", noRedis.stderr)
+	}
+	noRedisText := run(t, "inspect", id, "--database-url", db.URL, "--schema", db.Schema, "--redis-url", "redis://127.0.0.1:1/0")
+	requireExit(t, noRedisText, exitOK)
+	for _, want := range []string{"status:         PROCESSING", "marker:         unreadable: " + refused, "asynq task:     error: " + refused} {
+		if !strings.Contains(noRedisText.stdout, want) {
+			t.Errorf("text output with Redis down lacks %q:\n%s", want, noRedisText.stdout)
+		}
+	}
+
 	unknown := run(t, opsArgs(db, "inspect", "no-such-job")...)
 	requireExit(t, unknown, exitPassErrors)
 	requireOneLineError(t, unknown, `job "no-such-job" not found in schema`)
