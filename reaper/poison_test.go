@@ -110,8 +110,8 @@ func TestPassOutcomeMetrics(t *testing.T) {
 	t.Run("PassStoppedByShutdownIsCancelledNotOK", func(t *testing.T) {
 		t.Parallel()
 		res, reg := run(t, func(cancel context.CancelFunc) error { cancel(); return nil })
-		if res.Errors != 0 || res.Reaped != 0 {
-			t.Fatalf("result = %+v, want no errors counted and nothing reaped after the cancel", res)
+		if res.Errors != 0 || res.Reaped != 0 || !res.Interrupted {
+			t.Fatalf("result = %+v, want no errors counted, nothing reaped after the cancel, and interrupted", res)
 		}
 		if ok, cancelled := passes(reg, "ok"), passes(reg, "cancelled"); ok != 0 || cancelled != 1 {
 			t.Fatalf("passes ok = %v, cancelled = %v; want 0 and 1", ok, cancelled)
@@ -125,8 +125,8 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		t.Parallel()
 		before := float64(time.Now().Unix())
 		res, reg := run(t, func(context.CancelFunc) error { return nil })
-		if res.Errors != 0 || res.Reaped != 1 || passes(reg, "ok") != 1 {
-			t.Fatalf("result = %+v, ok passes %v; want one clean pass reaping J1", res, passes(reg, "ok"))
+		if res.Errors != 0 || res.Reaped != 1 || res.Interrupted || passes(reg, "ok") != 1 {
+			t.Fatalf("result = %+v, ok passes %v; want one clean, whole pass reaping J1", res, passes(reg, "ok"))
 		}
 		if got := metricValue(t, reg, "jobreaper_last_success_timestamp_seconds", nil); got < before {
 			t.Fatalf("jobreaper_last_success_timestamp_seconds = %v, want at least %v", got, before)

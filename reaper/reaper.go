@@ -152,6 +152,11 @@ type Result struct {
 	// MarkersRestored counts markers this pass wrote again: their write at
 	// the reap had failed, or they were lost since (failover, eviction).
 	MarkersRestored int `json:"markers_restored"`
+	// Interrupted is true when the pass was stopped before its end (its
+	// context cancelled: SIGTERM, Ctrl-C, Stop): what it did is counted,
+	// but it did not look at everything, and errors met after the stop
+	// are not counted.
+	Interrupted bool `json:"interrupted"`
 	// QueuesNotFound names the queues of the pass that asynq has never
 	// seen (not in asynq:queues), sorted: treated as empty, each one
 	// likely a typo in the queue list or a wrong Redis database.
@@ -238,6 +243,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	res, err := r.pass(ctx)
 	end := time.Now()
 	outcome := passOutcome(ctx, res, err)
+	res.Interrupted = outcome == outcomeCancelled
 	r.opts.Metrics.pass(res, end.Sub(start).Seconds(), outcome, float64(end.Unix()))
 	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped,
 		"errors", res.Errors, "duration_ms", end.Sub(start).Milliseconds()}

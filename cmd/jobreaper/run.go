@@ -48,7 +48,9 @@ run --once runs one pass, prints what it did on stdout and exits 0 if the
 pass was clean, 1 if it counted errors, 2 if it could not run. With
 --output json, stdout is exactly one JSON document: the summary
 {"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
-"markers_restored":N,"stale_queued":N,"broken_active":N,"lost_limit_tripped":false}, or, when the command
+"markers_restored":N,"stale_queued":N,"broken_active":N,"lost_limit_tripped":false,
+"interrupted":false,"queues_not_found":[...]} (interrupted: a signal stopped the
+pass before its end, exit 1), or, when the command
 could not run once its flags were read (exit 2), {"error":"<message>"} with
 the message also on stderr. --output applies to --once only.
 Logs always go to stderr.`,
@@ -268,6 +270,9 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 	}
 	if res.LostLimitTripped {
 		line += ", lost_limit_tripped (no lost_task reaped: more than max_lost_per_pass; see the log)"
+	}
+	if res.Interrupted {
+		line += ", interrupted (a signal stopped the pass before its end: run it again)"
 	}
 	line += fmt.Sprintf(", errors %d", res.Errors)
 	if res.Errors > 0 {

@@ -22,6 +22,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // onceArgs returns run --once's arguments against db and the test Redis,
@@ -48,7 +49,7 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	const want = "broken_active,errors,lost_limit_tripped,markers_restored,queues_not_found,reaped,reaped_by,scanned,skipped,stale_queued"
+	const want = "broken_active,errors,interrupted,lost_limit_tripped,markers_restored,queues_not_found,reaped,reaped_by,scanned,skipped,stale_queued"
 	if strings.Join(keys, ",") != want {
 		t.Fatalf("keys %v, want %s", keys, want)
 	}
@@ -369,4 +370,34 @@ func TestRunCascades(t *testing.T) {
 		requireOneLineError(t, r, `cascade on_failed of type "report.export", statement 1 ("ROLLBACK") is refused`,
 			"must be one PostgreSQL's PREPARE accepts")
 	})
+}
+
+// A pass a signal stopped says so in both summaries, so that a script
+// reading the JSON can tell it from a pass that counted errors.
+func TestSummarySaysInterrupted(t *testing.T) {
+	t.Parallel()
+	res := reaper.Result{Scanned: 4, Reaped: 1, Interrupted: true}
+	var js bytes.Buffer
+	if err := printResult(&js, res, outputJSON); err != nil {
+		t.Fatal(err)
+	}
+	doc := requireOneJSONResult(t, js.String())
+	if got := string(doc["interrupted"]); got != "true" {
+		t.Fatalf("interrupted = %s, want true:\n%s", got, js.String())
+	}
+	var text bytes.Buffer
+	if err := printResult(&text, res, outputText); err != nil {
+		t.Fatal(err)
+	}
+	if want := ", interrupted (a signal stopped the pass before its end: run it again), errors 0"; !strings.Contains(text.String(), want) {
+		t.Fatalf("text summary lacks %q:\n%s", want, text.String())
+	}
+	text.Reset()
+	res.Interrupted = false
+	if err := printResult(&text, res, outputText); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text.String(), "interrupted") {
+		t.Fatalf("a whole pass's summary says interrupted:\n%s", text.String())
+	}
 }
