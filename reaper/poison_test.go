@@ -121,6 +121,26 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		}
 	})
 
+	// A stop that comes before the pass could read the clock ends it with
+	// an error, and it is still an interrupted pass: run --once prints its
+	// (empty) summary and exits 1 rather than saying it could not run.
+	t.Run("PassStoppedBeforeItsClockReadIsInterrupted", func(t *testing.T) {
+		t.Parallel()
+		db := jobstest.New(t)
+		reg := prometheus.NewRegistry()
+		r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}},
+			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		res, err := r.RunOnce(ctx)
+		if !errors.Is(err, reaper.ErrPassFailed) || !res.Interrupted || res.Scanned != 0 || res.Reaped != 0 {
+			t.Fatalf("RunOnce after the stop = %+v, %v; want ErrPassFailed, interrupted, nothing scanned", res, err)
+		}
+		if cancelled, failed := passes(reg, "cancelled"), passes(reg, "failed"); cancelled != 1 || failed != 0 {
+			t.Fatalf("passes cancelled = %v, failed = %v; want 1 and 0", cancelled, failed)
+		}
+	})
+
 	t.Run("CleanPassMovesTheLastSuccessTime", func(t *testing.T) {
 		t.Parallel()
 		before := float64(time.Now().Unix())

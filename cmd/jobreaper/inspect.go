@@ -113,6 +113,9 @@ With --output json stdout is one JSON document. An unknown job exits 1.`,
 			// The row is PostgreSQL's: an unreachable Redis costs only the
 			// marker and the task state, which the document marks unreadable.
 			redisErr := d.attachRedis(cmd.Context(), cfg, log)
+			if down := (redisDownError{}); redisErr != nil && !errors.As(redisErr, &down) {
+				return redisErr // a setting to fix, not an outage to work around
+			}
 			if redisErr != nil {
 				log.Warn("Redis unreachable: the marker and the asynq task state are shown as unreadable",
 					"component", "main", "err", oneLine(redisErr.Error()))

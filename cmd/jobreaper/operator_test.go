@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -233,6 +234,14 @@ func TestInspectCommand(t *testing.T) {
 		if !strings.Contains(noRedisText.stdout, want) {
 			t.Errorf("text output with Redis down lacks %q:\n%s", want, noRedisText.stdout)
 		}
+	}
+
+	// A Redis setting that cannot be used is a mistake to fix, not an
+	// outage: inspect still refuses to run (exit 2) and names it.
+	badCA := run(t, opsArgs(db, "inspect", id, "--redis-ca-file", filepath.Join(t.TempDir(), "missing.pem"))...)
+	requireExit(t, badCA, exitCannotRun)
+	if !strings.Contains(badCA.stderr, "redis_ca_file") || badCA.stdout != "" {
+		t.Fatalf("inspect with an unreadable --redis-ca-file: stdout %q, stderr %q", badCA.stdout, badCA.stderr)
 	}
 
 	unknown := run(t, opsArgs(db, "inspect", "no-such-job")...)

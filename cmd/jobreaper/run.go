@@ -48,7 +48,7 @@ run --once runs one pass, prints what it did on stdout and exits 0 if the
 pass was clean, 1 if it counted errors, 2 if it could not run. With
 --output json, stdout is exactly one JSON document: the summary
 {"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
-"markers_restored":N,"stale_queued":N,"broken_active":N,"lost_limit_tripped":false,
+"lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
 "interrupted":false,"queues_not_found":[...]} (interrupted: a signal stopped the
 pass before its end, exit 1), or, when the command
 could not run once its flags were read (exit 2), {"error":"<message>"} with
@@ -192,7 +192,9 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	}
 	defer d.close()
 	res, err := d.reaper.RunOnce(ctx)
-	if err != nil {
+	// A signal that stopped the pass before it could list anything is an
+	// interrupted pass (summary, exit 1), not one that could not run.
+	if err != nil && !res.Interrupted {
 		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
 	}
 	if mode.dryRun {

@@ -184,11 +184,21 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 		if hint := tlsHint(err, "--redis-ca-file (JOBREAPER_REDIS_CA_FILE)"); hint != "" {
 			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", jobs.RedactURL(cfg.RedisURL), reason, hint)
 		}
-		return nil, cannotRun("cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
-			jobs.RedactURL(cfg.RedisURL), reason)
+		return nil, &exitError{code: exitCannotRun, err: redisDownError{fmt.Errorf(
+			"cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
+			jobs.RedactURL(cfg.RedisURL), reason)}}
 	}
 	return rdb, nil
 }
+
+// redisDownError is connectRedis's error when Redis did not answer its
+// PING (down, unreachable, or a wrong address), as opposed to a setting it
+// could not use (a CA file it cannot read, a certificate it does not
+// trust). A command that can do without Redis goes on after the first
+// kind only.
+type redisDownError struct{ error }
+
+func (e redisDownError) Unwrap() error { return e.error }
 
 // redisLogOnce installs redisLog once per process: go-redis's logger is a
 // global, so it cannot follow one command's logger.
