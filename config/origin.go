@@ -151,7 +151,7 @@ var PruneKeys = MigrateKeys
 
 // InspectKeys are the settings `jobreaper inspect` uses: PostgreSQL for the
 // record, Redis for the marker and asynq's task state.
-var InspectKeys = []string{"database_url", "redis_url", "schema", "op_timeout", "log_level", "log_format"}
+var InspectKeys = []string{"database_url", "redis_url", "redis_ca_file", "schema", "op_timeout", "log_level", "log_format"}
 
 // CancelKeys are the settings `jobreaper cancel` uses: inspect's, and the
 // cascades (a cancel runs the type's on_failed cascade).

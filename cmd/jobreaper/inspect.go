@@ -94,50 +94,61 @@ unknown when the row has no queue). It changes nothing. When Redis cannot
 be reached it still prints the row, with the marker and the task state
 marked unreadable and a warning on stderr.
 
-With --output json stdout is one JSON document. An unknown job exits 1.`,
+With --output json stdout is one JSON document: the job's, or
+{"error":"<message>"} when there is none to print (the message is also on
+stderr). An unknown job exits 1; a command that could not run exits 2.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
 			}
-			cfg, err := a.loadConfig(cmd, config.InspectKeys...)
-			if err != nil {
-				return err
+			err := a.inspectJob(cmd, args[0], output)
+			if err != nil && output == outputJSON {
+				// One JSON document on stdout, as promised, whatever
+				// stopped the command; the message is also on stderr.
+				_ = json.NewEncoder(a.stdout).Encode(struct {
+					Error string `json:"error"`
+				}{oneLine(err.Error())})
 			}
-			log := newLogger(cfg, a.stderr)
-			d, err := connectOps(cmd.Context(), cfg, log, false, false)
-			if err != nil {
-				return err
-			}
-			defer func() { d.close() }()
-			// The row is PostgreSQL's: an unreachable Redis costs only the
-			// marker and the task state, which the document marks unreadable.
-			redisErr := d.attachRedis(cmd.Context(), cfg, log)
-			if down := (redisDownError{}); redisErr != nil && !errors.As(redisErr, &down) {
-				return redisErr // a setting to fix, not an outage to work around
-			}
-			if redisErr != nil {
-				log.Warn("Redis unreachable: the marker and the asynq task state are shown as unreadable",
-					"component", "main", "err", oneLine(redisErr.Error()))
-			}
-			doc, err := a.inspect(cmd.Context(), d, cfg, args[0], redisErr)
-			if err != nil {
-				if output == outputJSON { // one JSON document on stdout, as promised
-					_ = json.NewEncoder(a.stdout).Encode(struct {
-						Error string `json:"error"`
-					}{oneLine(err.Error())})
-				}
-				return err
-			}
-			if output == outputJSON {
-				return json.NewEncoder(a.stdout).Encode(doc)
-			}
-			return printInspect(a.stdout, doc)
+			return err
 		},
 	}
 	config.RegisterFlags(cmd.Flags(), config.InspectKeys...)
 	cmd.Flags().StringVar(&output, "output", outputText, "format on stdout: text or json")
 	return cmd
+}
+
+// inspectJob loads the configuration, connects and prints job id's
+// document in output's format.
+func (a *app) inspectJob(cmd *cobra.Command, id, output string) error {
+	cfg, err := a.loadConfig(cmd, config.InspectKeys...)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, a.stderr)
+	d, err := connectOps(cmd.Context(), cfg, log, false, false)
+	if err != nil {
+		return err
+	}
+	defer func() { d.close() }()
+	// The row is PostgreSQL's: an unreachable Redis costs only the marker
+	// and the task state, which the document marks unreadable.
+	redisErr := d.attachRedis(cmd.Context(), cfg, log)
+	if down := (redisDownError{}); redisErr != nil && !errors.As(redisErr, &down) {
+		return redisErr // a setting to fix, not an outage to work around
+	}
+	if redisErr != nil {
+		log.Warn("Redis unreachable: the marker and the asynq task state are shown as unreadable",
+			"component", "main", "err", oneLine(redisErr.Error()))
+	}
+	doc, err := a.inspect(cmd.Context(), d, cfg, id, redisErr)
+	if err != nil {
+		return err
+	}
+	if output == outputJSON {
+		return json.NewEncoder(a.stdout).Encode(doc)
+	}
+	return printInspect(a.stdout, doc)
 }
 
 // inspect gathers job id's document from PostgreSQL, the marker store and

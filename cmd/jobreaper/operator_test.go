@@ -238,10 +238,17 @@ func TestInspectCommand(t *testing.T) {
 
 	// A Redis setting that cannot be used is a mistake to fix, not an
 	// outage: inspect still refuses to run (exit 2) and names it.
-	badCA := run(t, opsArgs(db, "inspect", id, "--redis-ca-file", filepath.Join(t.TempDir(), "missing.pem"))...)
+	badCA := run(t, "inspect", id, "--database-url", db.URL, "--schema", db.Schema,
+		"--redis-url", "rediss://127.0.0.1:6379/0", "--redis-ca-file", filepath.Join(t.TempDir(), "missing.pem"))
 	requireExit(t, badCA, exitCannotRun)
-	if !strings.Contains(badCA.stderr, "redis_ca_file") || badCA.stdout != "" {
+	if !strings.Contains(badCA.stderr, "cannot read redis_ca_file") || badCA.stdout != "" {
 		t.Fatalf("inspect with an unreadable --redis-ca-file: stdout %q, stderr %q", badCA.stdout, badCA.stderr)
+	}
+	badCAJSON := run(t, "inspect", id, "--output", "json", "--database-url", db.URL, "--schema", db.Schema,
+		"--redis-url", "rediss://127.0.0.1:6379/0", "--redis-ca-file", filepath.Join(t.TempDir(), "missing.pem"))
+	requireExit(t, badCAJSON, exitCannotRun)
+	if msg := requireJSONError(t, badCAJSON); !strings.Contains(msg, "cannot read redis_ca_file") {
+		t.Fatalf("inspect --output json that could not run: error %q", msg)
 	}
 
 	unknown := run(t, opsArgs(db, "inspect", "no-such-job")...)
