@@ -187,6 +187,11 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	// A manual pass neither takes, waits for, nor checks the leader lease.
 	mode.leaderLease, mode.daemon = false, false
 	d, err := connect(ctx, cfg, log, mode)
+	if err != nil && ctx.Err() != nil {
+		// A signal during start-up, not a server or setting at fault: the
+		// pass was stopped before it began.
+		return a.stoppedOnce(log, reaper.Result{Interrupted: true}, output, mode)
+	}
 	if err != nil {
 		return err
 	}
@@ -197,6 +202,33 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	if err != nil && !res.Interrupted {
 		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
 	}
+	if res.Interrupted {
+		return a.stoppedOnce(log, res, output, mode)
+	}
+	if err := a.printSummary(res, output, mode); err != nil {
+		return err
+	}
+	if res.Errors > 0 {
+		return &exitError{code: exitPassErrors}
+	}
+	return nil
+}
+
+// stoppedOnce prints the summary of a pass a signal stopped before its
+// end (res.Interrupted) and returns its exit-1 error: what it did is in the
+// summary, but it did not look at everything, so it is not clean.
+func (a *app) stoppedOnce(log *slog.Logger, res reaper.Result, output string, mode runMode) error {
+	if err := a.printSummary(res, output, mode); err != nil {
+		return err
+	}
+	log.Warn("the pass was stopped by a signal before its end; run it again", "component", "main")
+	return &exitError{code: exitPassErrors}
+}
+
+// printSummary prints res (a dry run's with its decisions) in output's
+// format.
+func (a *app) printSummary(res reaper.Result, output string, mode runMode) error {
+	var err error
 	if mode.dryRun {
 		err = printDryRun(a.stdout, res, output)
 	} else {
@@ -204,15 +236,6 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	}
 	if err != nil {
 		return cannotRun("writing the summary: %v", err)
-	}
-	if res.Errors > 0 {
-		return &exitError{code: exitPassErrors}
-	}
-	if ctx.Err() != nil {
-		// A signal stopped the pass before its end: what it did is in the
-		// summary, but it did not look at everything, so it is not clean.
-		log.Warn("the pass was stopped by a signal before its end; run it again")
-		return &exitError{code: exitPassErrors}
 	}
 	return nil
 }
@@ -292,6 +315,11 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	reg := prometheus.NewRegistry()
 	mode.metrics, mode.daemon = reaper.NewMetrics(reg), true
 	d, err := connect(ctx, cfg, log, mode)
+	if err != nil && ctx.Err() != nil {
+		// SIGTERM or SIGINT during start-up: a stop, as after it.
+		mainLog.Info("jobreaper stopped during start-up, before its first pass")
+		return nil
+	}
 	if err != nil {
 		return err
 	}

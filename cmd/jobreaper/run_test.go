@@ -401,3 +401,46 @@ func TestSummarySaysInterrupted(t *testing.T) {
 		t.Fatalf("a whole pass's summary says interrupted:\n%s", text.String())
 	}
 }
+
+// A signal that comes while run --once is still connecting stops the pass
+// before it begins: an interrupted summary and exit 1, not "cannot connect
+// to PostgreSQL ... check --database-url" (exit 2), which would send the
+// operator looking for an outage that is not there.
+func TestRunOnceStoppedDuringStartUpIsInterrupted(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // what SIGTERM does through signal.NotifyContext
+	var stdout bytes.Buffer
+	var stderr jobstest.SyncBuffer
+	code := execute(ctx, onceArgs(db, unique("stopped"), "--output", "json"), &stdout, &stderr)
+	if code != exitPassErrors {
+		t.Fatalf("exit code %d, want %d; stdout %q, stderr:\n%s", code, exitPassErrors, stdout.String(), stderr.String())
+	}
+	doc := requireOneJSONResult(t, stdout.String())
+	for k, want := range map[string]string{"interrupted": "true", "scanned": "0", "reaped": "0", "errors": "0"} {
+		if string(doc[k]) != want {
+			t.Errorf("%s = %s, want %s", k, doc[k], want)
+		}
+	}
+	if !strings.Contains(stderr.String(), "the pass was stopped by a signal before its end") || strings.Contains(stderr.String(), "cannot connect") {
+		t.Fatalf("stderr:\n%s", stderr.String())
+	}
+}
+
+// The daemon stopped while it is still connecting exits 0, as a stop
+// after start-up does, without blaming the servers.
+func TestDaemonStoppedDuringStartUpExitsCleanly(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var stdout bytes.Buffer
+	var stderr jobstest.SyncBuffer
+	code := execute(ctx, []string{"run", "--database-url", db.URL, "--schema", db.Schema, "--redis-url", redisTestURL(),
+		"--queues", unique("stopped"), "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)
+	if code != exitOK || stdout.Len() != 0 || !strings.Contains(stderr.String(), "jobreaper stopped during start-up") ||
+		strings.Contains(stderr.String(), "cannot connect") {
+		t.Fatalf("exit code %d (want 0), stdout %q, stderr:\n%s", code, stdout.String(), stderr.String())
+	}
+}
