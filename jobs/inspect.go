@@ -27,8 +27,10 @@ type Record struct {
 	// MarkerSetAt is when the reaper confirmed the marker of a reap or
 	// cancel; nil when none was confirmed.
 	MarkerSetAt *time.Time
-	// DBNow is the database's now() of the read; Runtime (nil without a
-	// start time) and Idle are measured against it.
+	// DBNow is the database's now() of the read. Runtime is the last
+	// attempt's (nil without a start time): from started_at to finished_at
+	// for a COMPLETED or FAILED row, to DBNow otherwise. Idle is DBNow
+	// minus updated_at.
 	DBNow   time.Time
 	Runtime *time.Duration
 	Idle    time.Duration
@@ -68,7 +70,10 @@ const inspectRowSQL = `SELECT ` + snapshotColumns + `
 
 const inspectExtraSQL = `
 SELECT coalesce(tenant_id, ''), "cursor", total, created_at, finished_at, marker_set_at,
-       now(), now() - started_at, now() - updated_at
+       now(),
+       CASE WHEN status IN ('COMPLETED', 'FAILED') AND finished_at >= started_at AND finished_at < 'infinity'
+            THEN finished_at - started_at ELSE now() - started_at END,
+       now() - updated_at
   FROM {schema}.jobs WHERE id = $1`
 
 const inspectBatchesSQL = `

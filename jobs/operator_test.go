@@ -178,6 +178,15 @@ func TestInspect(t *testing.T) {
 	if rec.EventCount != 1 || len(rec.Events) != 1 || rec.Events[0].Kind != "claimed" {
 		t.Fatalf("events: count %d, %+v", rec.EventCount, rec.Events)
 	}
+	// A finished job's runtime is its last attempt's, up to finished_at:
+	// it does not keep growing after the job ended.
+	db.Exec(t, `UPDATE jobs SET status = 'FAILED', failure_reason = 'stalled',
+       started_at = now() - interval '1 hour', finished_at = now() - interval '50 minutes' WHERE id = 'I1'`)
+	rec, err = store.Inspect(ctx, "I1", 1, 10)
+	requireNoErr(t, err)
+	if rec.Runtime == nil || *rec.Runtime != 10*time.Minute {
+		t.Fatalf("runtime of a FAILED job = %v, want 10m0s (started_at to finished_at)", rec.Runtime)
+	}
 	_, err = store.Inspect(ctx, "missing", 5, 5)
 	requireIs(t, err, jobs.ErrNotFound)
 }
