@@ -104,6 +104,8 @@ and exits 0 when every job was requeued, 1 when any was refused or failed,
 		},
 	}
 	config.RegisterFlags(cmd.Flags(), config.RequeueKeys...)
+	// The shared text speaks of the daemon's passes; requeue looks once.
+	cmd.Flags().Lookup("queues").Usage = "with --stale: the queues whose stale QUEUED jobs are requeued, comma-separated; empty: every queue"
 	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are run again, recorded in each job's requeued event (required)")
 	cmd.Flags().BoolVar(&stale, "stale", false, "requeue the stale QUEUED jobs: older than --stale-after, whose task asynq will never run")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", config.StaleQueuedAfterDefault, "with --stale: how long a job must have been QUEUED (default: the stale_queued_after setting)")

@@ -67,7 +67,7 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := &app{stdout: stdout, stderr: stderr, environ: os.Environ(), args: args}
 	root := a.rootCmd()
 	root.SetArgs(hoistLeadingFlags(root, args))
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
@@ -79,8 +79,13 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ee.code
 	}
 	// cobra's own errors: an unknown command or flag, a flag value of the
-	// wrong type, a stray argument.
-	fmt.Fprintf(stderr, "jobreaper: %s; see jobreaper --help\n", oneLine(err.Error()))
+	// wrong type, a stray argument, a required flag left out. The help to
+	// see is the command's that refused.
+	path := root.CommandPath()
+	if cmd != nil {
+		path = cmd.CommandPath()
+	}
+	fmt.Fprintf(stderr, "jobreaper: %s; see %s --help\n", oneLine(err.Error()), path)
 	return exitCannotRun
 }
 
@@ -98,7 +103,11 @@ Settings come from, lowest precedence first: defaults, the YAML file named by
 JOBREAPER_STALL_TIMEOUT), and the flags below. Durations use Go syntax:
 90s, 5m, 1h30m.
 
-Exit codes: 0 clean, 1 the pass had errors, 2 could not run.`,
+Exit codes: 0 done (run --once: a clean pass); 1 run --once: the pass had
+errors, the mass-loss limit held its lost_task reaps back, or a signal
+stopped it before its end; requeue, cancel: a job was refused or failed;
+inspect: no such job; prune: refused or stopped; 2 could not run. README.md
+has the whole table.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
