@@ -121,12 +121,7 @@ stderr). An unknown job exits 1; a command that could not run exits 2.`,
 // inspectJob loads the configuration, connects and prints job id's
 // document in output's format.
 func (a *app) inspectJob(cmd *cobra.Command, id, output string) error {
-	cfg, err := a.loadConfig(cmd, config.InspectKeys...)
-	if err != nil {
-		return err
-	}
-	log := newLogger(cfg, a.stderr)
-	d, err := connectOps(cmd.Context(), cfg, log, false, false)
+	d, cfg, log, err := a.openOps(cmd, config.InspectKeys, false, false)
 	if err != nil {
 		return err
 	}

@@ -60,6 +60,19 @@ func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRe
 	return d, nil
 }
 
+// openOps loads cmd's settings (keys), makes the command's logger and
+// connects as connectOps does; its errors are loadConfig's and
+// connectOps's.
+func (a *app) openOps(cmd *cobra.Command, keys []string, withRedis, cascades bool) (*opsDeps, config.Config, *slog.Logger, error) {
+	cfg, err := a.loadConfig(cmd, keys...)
+	if err != nil {
+		return nil, cfg, nil, err
+	}
+	log := newLogger(cfg, a.stderr)
+	d, err := connectOps(cmd.Context(), cfg, log, withRedis, cascades)
+	return d, cfg, log, err
+}
+
 // attachRedis connects d to Redis: d.rdb and d.markers. On failure d is
 // unchanged and the error is connectRedis's exit-2 error (or the marker
 // store's), naming the server and what to check.
@@ -126,12 +139,7 @@ failed, 2 could not run.`,
 			if err := jobs.CheckOperatorReason(reason); err != nil {
 				return cannotRun("cancel needs --reason TEXT, recorded in each job's event: %v", strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
 			}
-			cfg, err := a.loadConfig(cmd, config.CancelKeys...)
-			if err != nil {
-				return err
-			}
-			log := newLogger(cfg, a.stderr)
-			d, err := connectOps(cmd.Context(), cfg, log, true, true)
+			d, cfg, log, err := a.openOps(cmd, config.CancelKeys, true, true)
 			if err != nil {
 				return err
 			}
@@ -221,12 +229,7 @@ It contacts only PostgreSQL.`,
 				return &exitError{code: exitPassErrors, err: fmt.Errorf(
 					"refused: --older-than %s is less than 8 days; a reaped job's marker lives 7 days, and its history is kept for a day more; nothing deleted", olderThan)}
 			}
-			cfg, err := a.loadConfig(cmd, config.PruneKeys...)
-			if err != nil {
-				return err
-			}
-			log := newLogger(cfg, a.stderr)
-			d, err := connectOps(cmd.Context(), cfg, log, false, false)
+			d, _, _, err := a.openOps(cmd, config.PruneKeys, false, false)
 			if err != nil {
 				return err
 			}
