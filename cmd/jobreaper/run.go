@@ -197,13 +197,13 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	}
 	defer d.close()
 	res, err := d.reaper.RunOnce(ctx)
-	// A signal that stopped the pass before it could list anything is an
-	// interrupted pass (summary, exit 1), not one that could not run.
-	if err != nil && !res.Interrupted {
-		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
-	}
-	if res.Interrupted {
+	switch {
+	case res.Interrupted:
+		// Also when the stop came before the pass could list anything
+		// (err set): a stopped pass, not one that could not run.
 		return a.stoppedOnce(log, res, output, mode)
+	case err != nil:
+		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
 	}
 	if err := a.printSummary(res, output, mode); err != nil {
 		return err
