@@ -154,6 +154,13 @@ type Config struct {
 	// the Redis server's certificate, for a rediss:// RedisURL; empty
 	// trusts the system's roots. It has no default.
 	RedisCAFile string `yaml:"redis_ca_file" koanf:"redis_ca_file"`
+	// RedisTLSServerName, when set, is the name every Redis node's
+	// certificate is verified against (sentinels, primary, replicas,
+	// cluster nodes, or the one server), for a rediss:// RedisURL whose
+	// certificates name something other than the addresses dialled.
+	// Empty, the default, verifies each connection against the host of
+	// the address it dialled.
+	RedisTLSServerName string `yaml:"redis_tls_server_name" koanf:"redis_tls_server_name"`
 	// Cascades are each job type's on_failed and on_completed statements.
 	// They are read from the config file only (SQL does not belong in a
 	// flag or an environment variable).

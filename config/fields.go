@@ -36,6 +36,7 @@ var settings = []setting{
 	{key: "database_url", secret: true, usage: "PostgreSQL URL, e.g. postgres://user:password@host:5432/db (required; passwords never appear in logs or errors)"},
 	{key: "redis_url", secret: true, usage: "Redis URL of the asynq queues, with its scheme: redis://[:password@]host:port/db, rediss:// for TLS; Sentinel: ?master_name=NAME&addr=SENTINEL2; Cluster: ?addr=NODE2&addr=NODE3"},
 	{key: "redis_ca_file", usage: "PEM file of the CAs that sign the Redis server's certificate, for rediss:// (default: the system's roots)"},
+	{key: "redis_tls_server_name", usage: "for rediss://, the name every Redis node's certificate is verified against, where certificates name something other than the addresses dialled (default: each connection's own host)"},
 	{key: "schema", usage: "PostgreSQL schema of jobreaper's tables"},
 	{key: "queues", usage: "asynq queues to scan, comma-separated; empty scans every queue asynq knows, rediscovered at each pass"},
 	{key: "interval", usage: "time between two daemon passes (Go duration: 90s, 5m, 1h)"},

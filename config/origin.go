@@ -142,7 +142,7 @@ var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", 
 // RequeueKeys are the settings `jobreaper requeue` uses: PostgreSQL and
 // Redis, the queues and the age of --stale, and the log settings. Pass them
 // to Only so that a daemon-only setting cannot stop an operator's requeue.
-var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "schema", "op_timeout", "log_level", "log_format",
+var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "redis_tls_server_name", "schema", "op_timeout", "log_level", "log_format",
 	"queues", "stale_queued_after"}
 
 // PruneKeys are the settings `jobreaper prune` uses: like migrate, it
@@ -151,7 +151,7 @@ var PruneKeys = MigrateKeys
 
 // InspectKeys are the settings `jobreaper inspect` uses: PostgreSQL for the
 // record, Redis for the marker and asynq's task state.
-var InspectKeys = []string{"database_url", "redis_url", "redis_ca_file", "schema", "op_timeout", "log_level", "log_format"}
+var InspectKeys = []string{"database_url", "redis_url", "redis_ca_file", "redis_tls_server_name", "schema", "op_timeout", "log_level", "log_format"}
 
 // CancelKeys are the settings `jobreaper cancel` uses: inspect's, and the
 // cascades (a cancel runs the type's on_failed cascade).

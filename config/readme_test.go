@@ -104,7 +104,7 @@ func checkDefault(t *testing.T, key, doc string, def any) {
 			t.Errorf("README default of %s is %q, want %d", key, doc, v)
 		}
 	case string:
-		if v == "" && key == "redis_ca_file" { // optional, no default
+		if v == "" && (key == "redis_ca_file" || key == "redis_tls_server_name") { // optional, no default
 			if !strings.HasPrefix(doc, "none") {
 				t.Errorf("README default of %s is %q, want none: ...", key, doc)
 			}

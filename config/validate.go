@@ -60,6 +60,7 @@ func (c Config) Validate() error {
 	v.databaseURL(c.DatabaseURL)
 	v.redisURL(c.RedisURL)
 	v.redisCAFile(c.RedisCAFile, c.RedisURL)
+	v.redisTLSServerName(c.RedisTLSServerName, c.RedisURL)
 	// The rule jobs.Connect applies, reported here with every other
 	// problem before anything connects.
 	if !jobs.ValidSchema(c.Schema) {
@@ -191,6 +192,25 @@ func (v *validator) redisCAFile(file, rawURL string) {
 	if file != "" && !strings.HasPrefix(rawURL, "rediss://") {
 		v.addf("redis_ca_file", "redis_ca_file %s is set but redis_url is not rediss://: the CA file only applies to TLS", file)
 	}
+}
+
+// redisTLSServerName checks that a server name goes with a rediss:// URL
+// and is a name alone: a host name or an IP address, without a scheme,
+// port or path.
+func (v *validator) redisTLSServerName(name, rawURL string) {
+	switch {
+	case name == "":
+	case !strings.HasPrefix(rawURL, "rediss://"):
+		v.addf("redis_tls_server_name", "redis_tls_server_name %q is set but redis_url is not rediss://: the name is what TLS verifies certificates against", name)
+	case strings.ContainsAny(name, "/@ \t") || hasPort(name):
+		v.addf("redis_tls_server_name", "redis_tls_server_name %q is not a host name or IP address: give the name the certificates list alone, without scheme, port or path (e.g. redis.internal)", name)
+	}
+}
+
+// hasPort reports whether s is host:port (an IPv6 address alone is not).
+func hasPort(s string) bool {
+	_, _, err := net.SplitHostPort(s)
+	return err == nil
 }
 
 func (v *validator) redisURL(raw string) {

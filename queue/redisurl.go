@@ -32,6 +32,15 @@ type RedisClientOptions struct {
 	// OpTimeout is the dial, read and write timeout of each call; 0 keeps
 	// go-redis's defaults (5 s dial, 3 s read and write).
 	OpTimeout time.Duration
+	// TLSServerName, when set, is the name every node's certificate is
+	// verified against, for a rediss:// URL whose servers hold
+	// certificates that name something other than the addresses dialled
+	// (one certificate for all nodes, say). Empty verifies each
+	// connection against the host of the address it dialled: the URL's
+	// host for one server, each sentinel and the primary or replica it
+	// announces for Sentinel, each node for a Cluster. It is ignored
+	// without TLS, as RootCAs is.
+	TLSServerName string
 }
 
 // NewRedisClient returns a client of the Redis that raw names, in one of
@@ -46,6 +55,12 @@ type RedisClientOptions struct {
 //     a failover client that follows the primary through failovers);
 //   - Cluster: redis://[:password@]node1:7000?addr=node2:7000&addr=node3:7000
 //     (seed nodes, the first in the host part; a cluster client).
+//
+// With rediss:// every connection verifies the certificate of the address
+// it dialled (or o.TLSServerName), against o.RootCAs. A certificate that
+// does not verify fails the first command with an error wrapping a
+// *TLSHandshakeError, which names the address dialled and wraps the
+// crypto/x509 error.
 //
 // The client has ContextTimeoutEnabled set (see NewMarkerStore). asynq
 // takes it (asynq.NewServerFromRedisClient, NewClientFromRedisClient,
@@ -99,8 +114,11 @@ func NewRedisClient(raw string, o RedisClientOptions) (redis.UniversalClient, st
 		if err != nil {
 			return nil, "", redact(err)
 		}
-		if o.RootCAs != nil && opts.TLSConfig != nil {
-			opts.TLSConfig.RootCAs = o.RootCAs
+		if opts.TLSConfig != nil {
+			if o.RootCAs != nil {
+				opts.TLSConfig.RootCAs = o.RootCAs
+			}
+			opts.Dialer = tlsDialer(opts.TLSConfig, o.TLSServerName)
 		}
 		if o.OpTimeout > 0 {
 			opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = o.OpTimeout, o.OpTimeout, o.OpTimeout
@@ -108,8 +126,14 @@ func NewRedisClient(raw string, o RedisClientOptions) (redis.UniversalClient, st
 		opts.ContextTimeoutEnabled = true
 		return redis.NewClient(opts), topology, nil
 	}
-	if o.RootCAs != nil && uo.TLSConfig != nil {
-		uo.TLSConfig.RootCAs = o.RootCAs
+	if uo.TLSConfig != nil {
+		if o.RootCAs != nil {
+			uo.TLSConfig.RootCAs = o.RootCAs
+		}
+		// TLSConfig stays set: go-redis reads it as "this is TLS" (its
+		// maintenance notifications ask for TLS endpoints); the Dialer is
+		// what opens the connections.
+		uo.Dialer = tlsDialer(uo.TLSConfig, o.TLSServerName)
 	}
 	if o.OpTimeout > 0 {
 		uo.DialTimeout, uo.ReadTimeout, uo.WriteTimeout = o.OpTimeout, o.OpTimeout, o.OpTimeout

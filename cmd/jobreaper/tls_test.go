@@ -27,6 +27,8 @@ import (
 // signed for 127.0.0.1 and localhost.
 type testCA struct {
 	caCert, serverCert, serverKey string
+	// caKey and dir let issue sign more server certificates.
+	caKey, dir string
 }
 
 // newTestCA makes a CA and a server certificate with openssl in dir.
@@ -48,7 +50,7 @@ func newTestCA(t *testing.T, dir, name string) testCA {
 			t.Fatalf("openssl %v: %v\n%s", args, err, out)
 		}
 	}
-	return testCA{caCert: p("ca.crt"), serverCert: p("server.crt"), serverKey: p("server.key")}
+	return testCA{caCert: p("ca.crt"), serverCert: p("server.crt"), serverKey: p("server.key"), caKey: p("ca.key"), dir: dir}
 }
 
 func freeTCPPort(t *testing.T) int {

@@ -50,12 +50,12 @@ func stalledActiveJob(t *testing.T, db *jobstest.DB, rdb redis.UniversalClient, 
 	}
 }
 
-// requireReapPass runs one pass of the daemon against redisURL and
-// checks that it reaped id and set its marker.
-func requireReapPass(t *testing.T, db *jobstest.DB, rdb redis.UniversalClient, redisURL, q, id string) {
+// requireReapPass runs one pass of the daemon against redisURL, with
+// flags appended, and checks that it reaped id and set its marker.
+func requireReapPass(t *testing.T, db *jobstest.DB, rdb redis.UniversalClient, redisURL, q, id string, flags ...string) {
 	t.Helper()
-	r := run(t, "run", "--once", "--output", "json", "--database-url", db.URL, "--schema", db.Schema,
-		"--redis-url", redisURL, "--queues", q)
+	r := run(t, append([]string{"run", "--once", "--output", "json", "--database-url", db.URL, "--schema", db.Schema,
+		"--redis-url", redisURL, "--queues", q}, flags...)...)
 	requireExit(t, r, exitOK)
 	if doc := requireOneJSONResult(t, r.stdout); string(doc["reaped"]) != "1" || string(doc["errors"]) != "0" {
 		t.Fatalf("pass over %s: %s, want 1 reaped and no error", redisURL, r.stdout)

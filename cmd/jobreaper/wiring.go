@@ -107,7 +107,7 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 		if !strings.HasPrefix(reason, "cannot connect to PostgreSQL") {
 			reason = "cannot connect to the PostgreSQL database: " + reason
 		}
-		if hint := tlsHint(err, "sslrootcert=<CA file> in --database-url"); hint != "" {
+		if hint := tlsHint(err, postgresTLSSettings); hint != "" {
 			return nil, cannotRun("%s; %s", oneLine(reason), hint)
 		}
 		return nil, cannotRun("%s; check --database-url (JOBREAPER_DATABASE_URL) and that the server is up", oneLine(reason))
@@ -167,7 +167,8 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 	// Without ContextTimeoutEnabled (which NewRedisClient sets) go-redis
 	// ignores context deadlines, and the per-call timeouts of
 	// queue.MarkerStore would not bound a hung Redis.
-	rdb, _, err := queue.NewRedisClient(cfg.RedisURL, queue.RedisClientOptions{RootCAs: roots, OpTimeout: cfg.OpTimeout})
+	rdb, _, err := queue.NewRedisClient(cfg.RedisURL, queue.RedisClientOptions{RootCAs: roots,
+		TLSServerName: cfg.RedisTLSServerName, OpTimeout: cfg.OpTimeout})
 	if err != nil { // Validate parsed it already; kept for safety
 		return nil, cannotRun("%v; check --redis-url (JOBREAPER_REDIS_URL)", err)
 	}
@@ -175,13 +176,14 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
-		reason := err.Error()
+		// Several sentinels' errors come joined, one a line.
+		reason := oneLine(err.Error())
 		if u, perr := url.Parse(cfg.RedisURL); perr == nil {
 			if pw, ok := u.User.Password(); ok && pw != "" {
 				reason = strings.ReplaceAll(reason, pw, "xxxxx")
 			}
 		}
-		if hint := tlsHint(err, "--redis-ca-file (JOBREAPER_REDIS_CA_FILE)"); hint != "" {
+		if hint := tlsHint(err, redisTLSSettings); hint != "" {
 			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", jobs.RedactURL(cfg.RedisURL), reason, hint)
 		}
 		return nil, &exitError{code: exitCannotRun, err: redisDownError{fmt.Errorf(
