@@ -100,8 +100,16 @@ type LeaderLease struct {
 	// that was paused past it (SIGSTOP) sees it has passed and starts no
 	// reap until an attempt holds the leader lease again.
 	validUntil time.Time
-	drifted    bool
-	leading    bool
+	// seenAge is the leader lease row's age (its database clock reading
+	// minus renewed_at) as the last successful attempt read it, and seenAt
+	// when, on this host's monotonic clock, that attempt returned (before
+	// any, when the LeaderLease was built, with seenAge 0). The age now is
+	// seenAge plus the time since seenAt: it keeps growing while attempts
+	// fail (jobreaper_leader_lease_age_seconds).
+	seenAge time.Duration
+	seenAt  time.Time
+	drifted bool
+	leading bool
 }
 
 // NewLeaderLease returns the leader lease of a daemon scanning queues
@@ -112,11 +120,23 @@ func NewLeaderLease(store LeaderLeaseStore, queues []string, holder jobs.LeaderL
 	if log == nil {
 		log = slog.Default()
 	}
-	return &LeaderLease{
+	l := &LeaderLease{
 		store: store, key: jobs.LeaderLeaseKey(queues), holder: holder, settings: settings, raw: raw,
-		ttl: max(interval*3/2, time.Second), every: max(interval/3, 100*time.Millisecond),
+		ttl: LeaderLeaseTTL(interval), every: max(interval/3, 100*time.Millisecond),
 		log: log.With("component", "leader_lease", "key", jobs.LeaderLeaseKey(queues)), metrics: metrics,
+		seenAt: time.Now(),
 	}
+	metrics.watchLeaderLease(l)
+	return l
+}
+
+// LeaderLeaseTTL is how long the leader lease of a daemon scanning every
+// interval stays valid from each renewal: 1.5 intervals, at least one
+// second (the shortest TTL jobs.AcquireLeaderLease accepts). The Store that
+// runs the daemon's reaps takes it too (jobs.WithLeaderLeaseTTL), to bound
+// how long a reap transaction may sit idle holding the leader lease row.
+func LeaderLeaseTTL(interval time.Duration) time.Duration {
+	return max(interval*3/2, time.Second)
 }
 
 // Key is the leader lease's key (jobs.LeaderLeaseKey of the queues).
@@ -126,17 +146,30 @@ func (l *LeaderLease) Key() string { return l.key }
 func (l *LeaderLease) Holder() jobs.LeaderLeaseHolder { return l.holder }
 
 // Held reports whether this daemon holds a valid leader lease by its own
-// monotonic clock (see validUntil).
+// monotonic clock (see validUntil). Every reap starts only when it
+// reports true, and jobreaper_leader reads it at every scrape. Two
+// replicas never hold it at the same instant (their clocks running at the
+// same rate): a validity runs from before the attempt was sent, so it ends
+// before the database lets another replica take the leader lease.
 func (l *LeaderLease) Held() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return time.Now().Before(l.validUntil)
 }
 
+// age is how long ago the leader lease was last renewed, as far as this
+// daemon knows (see seenAge).
+func (l *LeaderLease) age() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seenAge + time.Since(l.seenAt)
+}
+
 // Attempt takes or renews the leader lease once, compares the holder's
-// settings with this daemon's, and updates the metrics. It returns whether
-// this daemon holds the leader lease. An error (PostgreSQL unreachable)
-// counts as not held: a leader that cannot renew stops reaping.
+// settings with this daemon's, and records the lease row's age. It returns
+// whether this daemon holds the leader lease. An error (PostgreSQL
+// unreachable) counts as not held: a leader that cannot renew stops
+// reaping, and exports jobreaper_leader 0 from then on.
 func (l *LeaderLease) Attempt(ctx context.Context) bool {
 	sent := time.Now()
 	st, err := l.store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: l.key, Holder: l.holder, TTL: l.ttl, Settings: l.raw})
@@ -158,9 +191,11 @@ func (l *LeaderLease) Attempt(ctx context.Context) bool {
 	} else {
 		l.validUntil = time.Time{}
 	}
+	if st.Found {
+		l.seenAge, l.seenAt = st.Age(), time.Now()
+	}
 	l.setLeading(st.Held, st)
 	l.compareSettings(st)
-	l.metrics.leaderLease(st.Held, st.Age().Seconds())
 	return st.Held
 }
 
@@ -238,7 +273,6 @@ func (l *LeaderLease) release(ctx context.Context) {
 	held := time.Now().Before(l.validUntil)
 	l.validUntil, l.leading = time.Time{}, false
 	l.mu.Unlock()
-	l.metrics.leaderLease(false, 0)
 	if !held {
 		return
 	}

@@ -49,6 +49,9 @@ type leaderSetup struct {
 	on     bool
 	holder jobs.LeaderLeaseHolder
 	key    string
+	// ttl is the leader lease's TTL, which also bounds how long a reap
+	// transaction may sit idle holding the leader lease row.
+	ttl time.Duration
 }
 
 // leader returns the leader lease setup of this run.
@@ -60,16 +63,18 @@ func (m runMode) leader(cfg config.Config, log *slog.Logger) leaderSetup {
 		}
 		return leaderSetup{}
 	}
-	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues)}
+	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues),
+		ttl: reaper.LeaderLeaseTTL(cfg.Interval)}
 }
 
 // storeOptions makes the Store's reap transactions check the leader lease
-// before COMMIT when the daemon uses one.
+// before COMMIT, holding its row until then, and sit idle for at most its
+// TTL, when the daemon uses one.
 func (l leaderSetup) storeOptions() []jobs.StoreOption {
 	if !l.on {
 		return nil
 	}
-	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID)}
+	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID), jobs.WithLeaderLeaseTTL(l.ttl)}
 }
 
 // fleetOptions sets the reaper options of the leader lease and cancel on
