@@ -2,12 +2,8 @@ package reaper
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -21,67 +17,16 @@ type LeaderLeaseStore interface {
 	ReleaseLeaderLease(ctx context.Context, key, holderID string) error
 }
 
-// Settings are the settings that decide a reap. The leader records them in
-// its leader lease row; every replica of the same queue set compares its
-// own with them at each attempt (settings drift, case B31).
-type Settings struct {
-	Interval            string   `json:"interval"`
-	HeartbeatInterval   string   `json:"heartbeat_interval"`
-	DefaultStallTimeout string   `json:"stall_timeout"`
-	Queues              []string `json:"queues"`
-	// Cascades is a digest of the cascades (CascadesDigest): the
-	// statements themselves are long, and may name product tables.
-	Cascades string `json:"cascades"`
-}
-
-// NewSettings returns the Settings of a daemon: durations as Go durations,
-// the queues normalized like the leader lease key.
-func NewSettings(interval, heartbeat, stall time.Duration, queues []string, cascades jobs.Cascades) Settings {
-	q := slices.Clone(queues)
-	slices.Sort(q)
-	q = slices.Compact(q)
-	if q == nil {
-		q = []string{}
-	}
-	return Settings{Interval: interval.String(), HeartbeatInterval: heartbeat.String(),
-		DefaultStallTimeout: stall.String(), Queues: q, Cascades: CascadesDigest(cascades)}
-}
-
-// CascadesDigest is the first 16 hex digits of the SHA-256 of the
-// cascades' JSON form (types in name order): equal cascades give equal
-// digests on every replica.
-func CascadesDigest(c jobs.Cascades) string {
-	if c == nil {
-		c = jobs.Cascades{}
-	}
-	b, _ := json.Marshal(c) // maps marshal with sorted keys
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8])
-}
-
-// drift returns one "setting: ours vs leader's" line per setting that
-// differs between mine and theirs.
-func (mine Settings) drift(theirs Settings) []string {
-	var out []string
-	add := func(name, a, b string) {
-		if a != b {
-			out = append(out, fmt.Sprintf("%s: this replica %s, the leader %s", name, a, b))
-		}
-	}
-	add("interval", mine.Interval, theirs.Interval)
-	add("heartbeat_interval", mine.HeartbeatInterval, theirs.HeartbeatInterval)
-	add("stall_timeout", mine.DefaultStallTimeout, theirs.DefaultStallTimeout)
-	add("queues", fmt.Sprint(mine.Queues), fmt.Sprint(theirs.Queues))
-	add("cascades (digest)", mine.Cascades, theirs.Cascades)
-	return out
-}
-
 // LeaderLease keeps one replica per queue set running passes: the daemon
 // tries to take or renew its leader lease every Interval/3, the lease is
 // valid for 1.5 Intervals from each renewal, so a leader that stops
 // renewing (crash, partition, SIGSTOP) is replaced within two intervals
 // of its last renewal (1.5 + 1/3), and never while its leader lease is
-// valid. Build it with NewLeaderLease and give it to Options.LeaderLease.
+// valid. A leader stopped inside a reap transaction, between its leader
+// lease check and COMMIT, holds the lease row locked until PostgreSQL ends
+// its idle session, one TTL later (jobs.WithLeaderLeaseTTL): it is then
+// replaced within 3.5 intervals of its last renewal. Build it with
+// NewLeaderLease and give it to Options.LeaderLease.
 type LeaderLease struct {
 	store    LeaderLeaseStore
 	key      string
@@ -108,15 +53,18 @@ type LeaderLease struct {
 	// fail (jobreaper_leader_lease_age_seconds).
 	seenAge time.Duration
 	seenAt  time.Time
-	drifted bool
+	drift   driftState
 	leading bool
+	// now is the clock of the drift log's repetition (time.Now; tests
+	// move it).
+	now func() time.Time
 }
 
 // NewLeaderLease returns the leader lease of a daemon scanning queues
 // every interval, held as holder, recording settings.
 func NewLeaderLease(store LeaderLeaseStore, queues []string, holder jobs.LeaderLeaseHolder, interval time.Duration,
 	settings Settings, log *slog.Logger, metrics *Metrics) *LeaderLease {
-	raw, _ := json.Marshal(settings) // plain strings: always marshals
+	raw, _ := json.Marshal(settings) // strings, numbers and booleans: always marshals
 	if log == nil {
 		log = slog.Default()
 	}
@@ -124,7 +72,7 @@ func NewLeaderLease(store LeaderLeaseStore, queues []string, holder jobs.LeaderL
 		store: store, key: jobs.LeaderLeaseKey(queues), holder: holder, settings: settings, raw: raw,
 		ttl: LeaderLeaseTTL(interval), every: max(interval/3, 100*time.Millisecond),
 		log: log.With("component", "leader_lease", "key", jobs.LeaderLeaseKey(queues)), metrics: metrics,
-		seenAt: time.Now(),
+		seenAt: time.Now(), now: time.Now,
 	}
 	metrics.watchLeaderLease(l)
 	return l
@@ -214,38 +162,6 @@ func (l *LeaderLease) setLeading(held bool, st jobs.LeaderLeaseState) {
 		holder = st.Holder.String()
 	}
 	l.log.Info("this replica does not hold the leader lease; it runs no pass", "leader", holder)
-}
-
-// compareSettings checks the holder's recorded settings against this
-// daemon's (B31): each difference is logged as an error, naming the
-// setting and both values, and jobreaper_settings_drift is 1 until they
-// agree again.
-func (l *LeaderLease) compareSettings(st jobs.LeaderLeaseState) {
-	if !st.Found || st.Held {
-		l.setDrift(false, nil, st)
-		return
-	}
-	var theirs Settings
-	if err := json.Unmarshal(st.Settings, &theirs); err != nil {
-		l.log.Error("the leader's recorded settings are unreadable; cannot compare", "leader", st.Holder.String(), "err", err)
-		l.setDrift(true, nil, st)
-		return
-	}
-	diffs := l.settings.drift(theirs)
-	l.setDrift(len(diffs) > 0, diffs, st)
-}
-
-func (l *LeaderLease) setDrift(drifted bool, diffs []string, st jobs.LeaderLeaseState) {
-	if drifted {
-		// Logged at every attempt while it lasts: replicas that judge jobs
-		// differently must not go unnoticed.
-		l.log.Error("settings drift: this replica's settings that decide a reap differ from the leader's; "+
-			"whichever replica leads decides differently", "leader", st.Holder.String(), "differences", diffs)
-	} else if l.drifted {
-		l.log.Info("settings drift resolved: this replica's settings match the leader's")
-	}
-	l.drifted = drifted
-	l.metrics.settingsDrift(drifted)
 }
 
 // run attempts every l.every until ctx is done, calling lost when a
