@@ -46,8 +46,10 @@ type Settings struct {
 	CancelOnReap bool `json:"cancel_on_reap"`
 }
 
-// NewSettings returns the Settings of a daemon: durations as Go durations,
-// the queues normalized like the leader lease key.
+// NewSettings returns the Settings of a daemon's scan: durations as Go
+// durations, the queues normalized like the leader lease key, the
+// cascades as their digest. The caller sets the other fields (the
+// daemon's wiring sets every one).
 func NewSettings(interval, heartbeat, stall time.Duration, queues []string, cascades jobs.Cascades) Settings {
 	q := slices.Clone(queues)
 	slices.Sort(q)
