@@ -8,6 +8,14 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
+// SetBeforeReapCommit makes s call f in each of its reap transactions
+// after the leader lease check, just before COMMIT: where a leader paused
+// by the operating system or the runtime would stop.
+func SetBeforeReapCommit(s *Store, f func()) { s.beforeReapCommit = f }
+
+// LeaderIdleBoundSQL exposes the reap transaction's idle bound statement.
+const LeaderIdleBoundSQL = leaderIdleBoundSQL
+
 // CheckTxOpen exposes checkTxOpen to the external tests.
 var CheckTxOpen = checkTxOpen
 

@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,8 +17,10 @@ import (
 
 // ErrLeaderLeaseLost: a reap transaction's last check found that this
 // daemon no longer holds a valid leader lease (it expired while the daemon
-// was paused or waited on a lock, or another replica took it), so the
-// transaction was rolled back and nothing of it was written.
+// was paused or waited on a lock, or another replica took it), or the
+// transaction sat idle past the leader lease's TTL and PostgreSQL ended its
+// session (WithLeaderLeaseTTL); either way the transaction was rolled back
+// and nothing of it was written.
 var ErrLeaderLeaseLost = errors.New("leader lease lost: the reap transaction was rolled back")
 
 // LeaderLeaseHolder identifies one daemon process holding, or trying to
@@ -189,16 +192,81 @@ type leaderFence struct {
 // that holderID still holds a valid leader lease key, and roll back with
 // ErrLeaderLeaseLost otherwise: a leader paused or blocked on a row lock
 // while its leader lease lapsed changes nothing. clock_timestamp(), not
-// now(): now() is the transaction's start, before any lock wait. The
-// daemon sets it when it runs with a leader lease; run --once and dry
+// now(): now() is the transaction's start, before any lock wait.
+//
+// The check reads the leader lease row FOR SHARE, so it also fences the
+// COMMIT: a takeover (or a renewal, or a release) of that row waits until
+// the reap transaction ends, and no other replica holds the leader lease
+// while a reap that passed its check is still to commit. FOR KEY SHARE
+// would not do: the takeover's INSERT ... ON CONFLICT DO UPDATE does not
+// wait for it. So that a leader paused while it holds that lock cannot
+// hold every takeover back, each reap transaction bounds how long it may
+// sit idle (idle_in_transaction_session_timeout, SET LOCAL) by the leader
+// lease's TTL: see WithLeaderLeaseTTL.
+//
+// The daemon sets it when it runs with a leader lease; run --once and dry
 // runs do not.
 func WithLeaderLease(key, holderID string) StoreOption {
 	return func(s *Store) { s.leader = &leaderFence{key: key, holderID: holderID} }
 }
 
+// WithLeaderLeaseTTL gives the Store the TTL of the leader lease that
+// WithLeaderLease names (the TTL its AcquireLeaderLease calls pass). Each
+// reap transaction then sets idle_in_transaction_session_timeout, for
+// itself only (SET LOCAL), to ttl, or to the server's own setting when
+// that is shorter: a leader paused between its leader lease check and
+// COMMIT (SIGSTOP, a long GC stop) has its session ended by PostgreSQL
+// after that long, its COMMIT fails and nothing of the reap is written,
+// and the takeover its lock held back goes through, within TTL plus ttl
+// of the leader's last renewal. Without this option the bound is one
+// second, the shortest TTL AcquireLeaderLease accepts. A ttl of 0 or less
+// is ignored. The setting travels in the pipeline of the transaction's
+// first statements (no round trip of its own) and, being local to the
+// transaction, works behind a transaction-mode pooler and never outlives
+// the transaction on a pooled server connection.
+func WithLeaderLeaseTTL(ttl time.Duration) StoreOption {
+	return func(s *Store) {
+		if ttl > 0 {
+			s.leaderTTL = ttl
+		}
+	}
+}
+
+// leaderIdleBoundDefault is the idle bound of a reap transaction when the
+// Store was not given the leader lease's TTL: the shortest TTL
+// AcquireLeaderLease accepts, so at most any leader lease's TTL.
+const leaderIdleBoundDefault = time.Second
+
+// leaderIdleBoundSQL sets idle_in_transaction_session_timeout for the
+// rest of the transaction (set_config's third argument: SET LOCAL, which
+// takes no parameter) to $1 milliseconds, or to the server's setting when
+// that is shorter and not off (0). LEAST ignores the NULL of an unset one.
+const leaderIdleBoundSQL = `
+SELECT set_config('idle_in_transaction_session_timeout',
+       least($1::int8, nullif(extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000, 0)::int8)::text,
+       true)`
+
+// leaderIdleBound returns the statement that bounds a reap transaction's
+// idle time, for the pipeline of its first statements; nothing without a
+// leader lease.
+func (s *Store) leaderIdleBound() []before {
+	if s.leader == nil {
+		return nil
+	}
+	bound := cmp.Or(s.leaderTTL, leaderIdleBoundDefault)
+	ms := (bound + time.Millisecond - 1) / time.Millisecond // 0 would turn the bound off
+	return []before{{leaderIdleBoundSQL, []any{int64(ms)}}}
+}
+
+// checkLeaderLeaseSQL is the reap transaction's leader lease check. FOR
+// SHARE keeps the row locked until the transaction ends (see
+// WithLeaderLease); a row that a concurrent takeover is changing is read,
+// once it committed, as it then is (PostgreSQL re-checks the WHERE on the
+// new row version), so a lost leader lease reads false.
 const checkLeaderLeaseSQL = `
 SELECT EXISTS (SELECT 1 FROM {schema}.leader_leases
-                WHERE key = $1 AND holder_id = $2 AND expires_at > clock_timestamp())`
+                WHERE key = $1 AND holder_id = $2 AND expires_at > clock_timestamp()
+                  FOR SHARE)`
 
 // checkLeaderLease is the reap transaction's last statement before COMMIT
 // when the Store has a leader lease (WithLeaderLease); without one it

@@ -24,6 +24,11 @@ const ReapBatchSize = 1000
 // each one costs a rolled-back transaction.
 const ReapDropsMax = 8
 
+// pgerrIdleInTransactionTimeout is PostgreSQL's SQLSTATE for a session it
+// ended because its transaction sat idle past
+// idle_in_transaction_session_timeout.
+const pgerrIdleInTransactionTimeout = "25P03"
+
 // ErrDeadlock: PostgreSQL broke a deadlock by rolling back the reap
 // transaction (an operator cascade locked parent rows in another order than
 // a concurrent transaction). Nothing of the batch was written; the next
@@ -134,10 +139,13 @@ SELECT e.id, 'reaped', e.generation, nullif(e.worker, ''), e.detail::jsonb
 // and the batch is run again without it, at most ReapDropsMax times.
 //
 // With WithLeaderLease, the transaction's last statement before COMMIT
-// checks the leader lease on clock_timestamp() and rolls back otherwise.
+// checks the leader lease on clock_timestamp(), locking its row until
+// COMMIT, and rolls back otherwise; the transaction may sit idle for at
+// most the leader lease's TTL (WithLeaderLeaseTTL).
 //
 // Errors (nothing of the batch written): ErrLeaderLeaseLost when the leader
-// lease was no longer this daemon's at COMMIT; ErrDeadlock when PostgreSQL broke
+// lease was no longer this daemon's at COMMIT, or when PostgreSQL ended the
+// session because the transaction sat idle past that bound; ErrDeadlock when PostgreSQL broke
 // a deadlock; ErrTxEnded when a cascade statement ended the transaction;
 // ErrInvalidArgument for more than ReapBatchSize candidates; a wrapped
 // driver or cascade error otherwise.
@@ -180,8 +188,10 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 	args := p.Rule.args()
 	args["ids"], args["generations"], args["updated_ats"], args["reason"] = ids, gens, upd, p.Reason
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		rows, saved, err := pinnedQuery(ctx, tx, s.q(reapBatchSQL), args,
-			before{s.q(reapLockSQL), []any{pgx.NamedArgs{"ids": ids}}})
+		// The idle bound, when there is a leader lease, rides in the same
+		// pipeline as the row locks and the UPDATE.
+		pre := append(s.leaderIdleBound(), before{s.q(reapLockSQL), []any{pgx.NamedArgs{"ids": ids}}})
+		rows, saved, err := pinnedQuery(ctx, tx, s.q(reapBatchSQL), args, pre...)
 		if err != nil {
 			return err
 		}
@@ -197,12 +207,25 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		}
 		// The last statement before COMMIT: a leader whose leader lease
 		// lapsed meanwhile (paused, or waiting on a row lock) writes nothing.
-		return s.checkLeaderLease(ctx, tx)
+		if err := s.checkLeaderLease(ctx, tx); err != nil {
+			return err
+		}
+		if s.beforeReapCommit != nil {
+			s.beforeReapCommit()
+		}
+		return nil
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "40P01":
 			err = fmt.Errorf("%w: %w", ErrDeadlock, err)
+		case errors.As(err, &pgErr) && pgErr.Code == pgerrIdleInTransactionTimeout && s.leader != nil:
+			// The idle bound (WithLeaderLeaseTTL) ended the session: this
+			// leader stood still for a leader lease's TTL inside the
+			// transaction, which PostgreSQL rolled back.
+			err = fmt.Errorf("%w: the reap transaction sat idle longer than the leader lease's TTL (the process was paused?) and PostgreSQL ended its session: %w",
+				ErrLeaderLeaseLost, err)
 		}
 		return nil, failedAt, err
 	}

@@ -53,6 +53,12 @@ type Store struct {
 	// leader is the leader lease reap transactions check before COMMIT;
 	// nil without WithLeaderLease.
 	leader *leaderFence
+	// leaderTTL is the leader lease's TTL (WithLeaderLeaseTTL), which
+	// bounds how long a reap transaction may sit idle; 0 when not given.
+	leaderTTL time.Duration
+	// beforeReapCommit, set by tests only, runs in each reap transaction
+	// after its leader lease check, just before COMMIT.
+	beforeReapCommit func()
 }
 
 // schemaPlaceholder is what statements of this package write where the

@@ -1,53 +1,84 @@
 package reaper
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // fleetMetrics are the series of a daemon running as one of several
 // replicas: its leader lease, settings drift, and the cancels it sends.
+//
+// jobreaper_leader and jobreaper_leader_lease_age_seconds are computed at
+// each scrape from the leader lease itself, never from the outcome of its
+// last attempt: a replica whose renewals fail, or whose validity lapsed
+// while it was paused, exports 0 at once, and the age keeps growing while
+// nobody renews. Their names are a contract (dashboard, alerts).
 type fleetMetrics struct {
-	leader   prometheus.Gauge
-	leaseAge prometheus.Gauge
-	drift    prometheus.Gauge
-	cancels  prometheus.Counter
+	// lease is the leader lease the two gauges read; nil without one.
+	lease atomic.Pointer[LeaderLease]
+	// withoutLease is set for a replica that runs every pass
+	// (--leader-lease=false): it leads by construction.
+	withoutLease atomic.Bool
+	drift        prometheus.Gauge
+	cancels      prometheus.Counter
 }
 
 func newFleetMetrics(reg prometheus.Registerer) *fleetMetrics {
 	m := &fleetMetrics{
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "jobreaper_leader",
-			Help: "1 when this replica runs passes (it holds the leader lease of its queue set, or runs without one), else 0.",
-		}),
-		leaseAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "jobreaper_leader_lease_age_seconds",
-			Help: "Seconds, on the database clock, since the leader lease of this replica's queue set was last renewed, as of this replica's last attempt; alert when it passes two intervals (no leader).",
-		}),
 		drift: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jobreaper_settings_drift",
-			Help: "1 when this replica's settings that decide a reap (interval, heartbeat interval, stall timeout, queues, cascades) differ from its leader's; the log names each.",
+			Help: "1 while this replica's settings that decide what the leader does (interval, heartbeat interval, stall timeout, queues, cascades, the Redis it reads, max_lost_per_pass, stale QUEUED thresholds, cancel on reap) differ from its leader's; the log names each.",
 		}),
 		cancels: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jobreaper_cancels_sent_total",
 			Help: "asynq cancels published for the running handlers of reaped jobs (cancel on reap).",
 		}),
 	}
-	reg.MustRegister(m.leader, m.leaseAge, m.drift, m.cancels)
+	leader := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "jobreaper_leader",
+		Help: "1 when this replica runs passes: it holds the leader lease of its queue set now (the test every reap makes: its last successful attempt's validity has not run out on this host's clock), or runs without one; else 0.",
+	}, m.leading)
+	leaseAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "jobreaper_leader_lease_age_seconds",
+		Help: "Seconds since the leader lease of this replica's queue set was last renewed: its age on the database clock at this replica's last successful attempt, plus the time since on this host's clock, so it keeps growing while attempts fail; alert when min over the set passes two intervals (no leader).",
+	}, m.leaseAgeSeconds)
+	reg.MustRegister(leader, leaseAge, m.drift, m.cancels)
 	return m
 }
 
-// leaderLease records an attempt's outcome.
-func (m *Metrics) leaderLease(held bool, ageSeconds float64) {
-	if m == nil {
-		return
+// leading is jobreaper_leader's value now.
+func (m *fleetMetrics) leading() float64 {
+	if m.withoutLease.Load() {
+		return 1
 	}
-	m.fleet.leader.Set(boolFloat(held))
-	m.fleet.leaseAge.Set(ageSeconds)
+	if l := m.lease.Load(); l != nil {
+		return boolFloat(l.Held())
+	}
+	return 0
+}
+
+// leaseAgeSeconds is jobreaper_leader_lease_age_seconds's value now; 0
+// without a leader lease.
+func (m *fleetMetrics) leaseAgeSeconds() float64 {
+	if l := m.lease.Load(); l != nil {
+		return l.age().Seconds()
+	}
+	return 0
+}
+
+// watchLeaderLease makes jobreaper_leader and the lease age read l.
+func (m *Metrics) watchLeaderLease(l *LeaderLease) {
+	if m != nil {
+		m.fleet.lease.Store(l)
+	}
 }
 
 // SetLeaderWithoutLease marks a replica that runs every pass
-// (--leader-lease=false) as leading.
+// (--leader-lease=false) as leading: jobreaper_leader is 1 from then on.
 func (m *Metrics) SetLeaderWithoutLease() {
 	if m != nil {
-		m.fleet.leader.Set(1)
+		m.fleet.withoutLease.Store(true)
 	}
 }
 

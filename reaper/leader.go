@@ -2,12 +2,8 @@ package reaper
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -21,67 +17,16 @@ type LeaderLeaseStore interface {
 	ReleaseLeaderLease(ctx context.Context, key, holderID string) error
 }
 
-// Settings are the settings that decide a reap. The leader records them in
-// its leader lease row; every replica of the same queue set compares its
-// own with them at each attempt (settings drift, case B31).
-type Settings struct {
-	Interval            string   `json:"interval"`
-	HeartbeatInterval   string   `json:"heartbeat_interval"`
-	DefaultStallTimeout string   `json:"stall_timeout"`
-	Queues              []string `json:"queues"`
-	// Cascades is a digest of the cascades (CascadesDigest): the
-	// statements themselves are long, and may name product tables.
-	Cascades string `json:"cascades"`
-}
-
-// NewSettings returns the Settings of a daemon: durations as Go durations,
-// the queues normalized like the leader lease key.
-func NewSettings(interval, heartbeat, stall time.Duration, queues []string, cascades jobs.Cascades) Settings {
-	q := slices.Clone(queues)
-	slices.Sort(q)
-	q = slices.Compact(q)
-	if q == nil {
-		q = []string{}
-	}
-	return Settings{Interval: interval.String(), HeartbeatInterval: heartbeat.String(),
-		DefaultStallTimeout: stall.String(), Queues: q, Cascades: CascadesDigest(cascades)}
-}
-
-// CascadesDigest is the first 16 hex digits of the SHA-256 of the
-// cascades' JSON form (types in name order): equal cascades give equal
-// digests on every replica.
-func CascadesDigest(c jobs.Cascades) string {
-	if c == nil {
-		c = jobs.Cascades{}
-	}
-	b, _ := json.Marshal(c) // maps marshal with sorted keys
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8])
-}
-
-// drift returns one "setting: ours vs leader's" line per setting that
-// differs between mine and theirs.
-func (mine Settings) drift(theirs Settings) []string {
-	var out []string
-	add := func(name, a, b string) {
-		if a != b {
-			out = append(out, fmt.Sprintf("%s: this replica %s, the leader %s", name, a, b))
-		}
-	}
-	add("interval", mine.Interval, theirs.Interval)
-	add("heartbeat_interval", mine.HeartbeatInterval, theirs.HeartbeatInterval)
-	add("stall_timeout", mine.DefaultStallTimeout, theirs.DefaultStallTimeout)
-	add("queues", fmt.Sprint(mine.Queues), fmt.Sprint(theirs.Queues))
-	add("cascades (digest)", mine.Cascades, theirs.Cascades)
-	return out
-}
-
 // LeaderLease keeps one replica per queue set running passes: the daemon
 // tries to take or renew its leader lease every Interval/3, the lease is
 // valid for 1.5 Intervals from each renewal, so a leader that stops
 // renewing (crash, partition, SIGSTOP) is replaced within two intervals
 // of its last renewal (1.5 + 1/3), and never while its leader lease is
-// valid. Build it with NewLeaderLease and give it to Options.LeaderLease.
+// valid. A leader stopped inside a reap transaction, between its leader
+// lease check and COMMIT, holds the lease row locked until PostgreSQL ends
+// its idle session, one TTL later (jobs.WithLeaderLeaseTTL): it is then
+// replaced within 3.5 intervals of its last renewal. Build it with
+// NewLeaderLease and give it to Options.LeaderLease.
 type LeaderLease struct {
 	store    LeaderLeaseStore
 	key      string
@@ -100,23 +45,46 @@ type LeaderLease struct {
 	// that was paused past it (SIGSTOP) sees it has passed and starts no
 	// reap until an attempt holds the leader lease again.
 	validUntil time.Time
-	drifted    bool
-	leading    bool
+	// seenAge is the leader lease row's age (its database clock reading
+	// minus renewed_at) as the last successful attempt read it, and seenAt
+	// when, on this host's monotonic clock, that attempt returned (before
+	// any, when the LeaderLease was built, with seenAge 0). The age now is
+	// seenAge plus the time since seenAt: it keeps growing while attempts
+	// fail (jobreaper_leader_lease_age_seconds).
+	seenAge time.Duration
+	seenAt  time.Time
+	drift   driftState
+	leading bool
+	// now is the clock of the drift log's repetition (time.Now; tests
+	// move it).
+	now func() time.Time
 }
 
 // NewLeaderLease returns the leader lease of a daemon scanning queues
 // every interval, held as holder, recording settings.
 func NewLeaderLease(store LeaderLeaseStore, queues []string, holder jobs.LeaderLeaseHolder, interval time.Duration,
 	settings Settings, log *slog.Logger, metrics *Metrics) *LeaderLease {
-	raw, _ := json.Marshal(settings) // plain strings: always marshals
+	raw, _ := json.Marshal(settings) // strings, numbers and booleans: always marshals
 	if log == nil {
 		log = slog.Default()
 	}
-	return &LeaderLease{
+	l := &LeaderLease{
 		store: store, key: jobs.LeaderLeaseKey(queues), holder: holder, settings: settings, raw: raw,
-		ttl: max(interval*3/2, time.Second), every: max(interval/3, 100*time.Millisecond),
+		ttl: LeaderLeaseTTL(interval), every: max(interval/3, 100*time.Millisecond),
 		log: log.With("component", "leader_lease", "key", jobs.LeaderLeaseKey(queues)), metrics: metrics,
+		seenAt: time.Now(), now: time.Now,
 	}
+	metrics.watchLeaderLease(l)
+	return l
+}
+
+// LeaderLeaseTTL is how long the leader lease of a daemon scanning every
+// interval stays valid from each renewal: 1.5 intervals, at least one
+// second (the shortest TTL jobs.AcquireLeaderLease accepts). The Store that
+// runs the daemon's reaps takes it too (jobs.WithLeaderLeaseTTL), to bound
+// how long a reap transaction may sit idle holding the leader lease row.
+func LeaderLeaseTTL(interval time.Duration) time.Duration {
+	return max(interval*3/2, time.Second)
 }
 
 // Key is the leader lease's key (jobs.LeaderLeaseKey of the queues).
@@ -126,17 +94,30 @@ func (l *LeaderLease) Key() string { return l.key }
 func (l *LeaderLease) Holder() jobs.LeaderLeaseHolder { return l.holder }
 
 // Held reports whether this daemon holds a valid leader lease by its own
-// monotonic clock (see validUntil).
+// monotonic clock (see validUntil). Every reap starts only when it
+// reports true, and jobreaper_leader reads it at every scrape. Two
+// replicas never hold it at the same instant (their clocks running at the
+// same rate): a validity runs from before the attempt was sent, so it ends
+// before the database lets another replica take the leader lease.
 func (l *LeaderLease) Held() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return time.Now().Before(l.validUntil)
 }
 
+// age is how long ago the leader lease was last renewed, as far as this
+// daemon knows (see seenAge).
+func (l *LeaderLease) age() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seenAge + time.Since(l.seenAt)
+}
+
 // Attempt takes or renews the leader lease once, compares the holder's
-// settings with this daemon's, and updates the metrics. It returns whether
-// this daemon holds the leader lease. An error (PostgreSQL unreachable)
-// counts as not held: a leader that cannot renew stops reaping.
+// settings with this daemon's, and records the lease row's age. It returns
+// whether this daemon holds the leader lease. An error (PostgreSQL
+// unreachable) counts as not held: a leader that cannot renew stops
+// reaping, and exports jobreaper_leader 0 from then on.
 func (l *LeaderLease) Attempt(ctx context.Context) bool {
 	sent := time.Now()
 	st, err := l.store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: l.key, Holder: l.holder, TTL: l.ttl, Settings: l.raw})
@@ -158,9 +139,11 @@ func (l *LeaderLease) Attempt(ctx context.Context) bool {
 	} else {
 		l.validUntil = time.Time{}
 	}
+	if st.Found {
+		l.seenAge, l.seenAt = st.Age(), time.Now()
+	}
 	l.setLeading(st.Held, st)
 	l.compareSettings(st)
-	l.metrics.leaderLease(st.Held, st.Age().Seconds())
 	return st.Held
 }
 
@@ -179,38 +162,6 @@ func (l *LeaderLease) setLeading(held bool, st jobs.LeaderLeaseState) {
 		holder = st.Holder.String()
 	}
 	l.log.Info("this replica does not hold the leader lease; it runs no pass", "leader", holder)
-}
-
-// compareSettings checks the holder's recorded settings against this
-// daemon's (B31): each difference is logged as an error, naming the
-// setting and both values, and jobreaper_settings_drift is 1 until they
-// agree again.
-func (l *LeaderLease) compareSettings(st jobs.LeaderLeaseState) {
-	if !st.Found || st.Held {
-		l.setDrift(false, nil, st)
-		return
-	}
-	var theirs Settings
-	if err := json.Unmarshal(st.Settings, &theirs); err != nil {
-		l.log.Error("the leader's recorded settings are unreadable; cannot compare", "leader", st.Holder.String(), "err", err)
-		l.setDrift(true, nil, st)
-		return
-	}
-	diffs := l.settings.drift(theirs)
-	l.setDrift(len(diffs) > 0, diffs, st)
-}
-
-func (l *LeaderLease) setDrift(drifted bool, diffs []string, st jobs.LeaderLeaseState) {
-	if drifted {
-		// Logged at every attempt while it lasts: replicas that judge jobs
-		// differently must not go unnoticed.
-		l.log.Error("settings drift: this replica's settings that decide a reap differ from the leader's; "+
-			"whichever replica leads decides differently", "leader", st.Holder.String(), "differences", diffs)
-	} else if l.drifted {
-		l.log.Info("settings drift resolved: this replica's settings match the leader's")
-	}
-	l.drifted = drifted
-	l.metrics.settingsDrift(drifted)
 }
 
 // run attempts every l.every until ctx is done, calling lost when a
@@ -238,7 +189,6 @@ func (l *LeaderLease) release(ctx context.Context) {
 	held := time.Now().Before(l.validUntil)
 	l.validUntil, l.leading = time.Time{}, false
 	l.mu.Unlock()
-	l.metrics.leaderLease(false, 0)
 	if !held {
 		return
 	}

@@ -49,6 +49,9 @@ type leaderSetup struct {
 	on     bool
 	holder jobs.LeaderLeaseHolder
 	key    string
+	// ttl is the leader lease's TTL, which also bounds how long a reap
+	// transaction may sit idle holding the leader lease row.
+	ttl time.Duration
 }
 
 // leader returns the leader lease setup of this run.
@@ -60,28 +63,52 @@ func (m runMode) leader(cfg config.Config, log *slog.Logger) leaderSetup {
 		}
 		return leaderSetup{}
 	}
-	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues)}
+	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues),
+		ttl: reaper.LeaderLeaseTTL(cfg.Interval)}
 }
 
 // storeOptions makes the Store's reap transactions check the leader lease
-// before COMMIT when the daemon uses one.
+// before COMMIT, holding its row until then, and sit idle for at most its
+// TTL, when the daemon uses one.
 func (l leaderSetup) storeOptions() []jobs.StoreOption {
 	if !l.on {
 		return nil
 	}
-	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID)}
+	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID), jobs.WithLeaderLeaseTTL(l.ttl)}
 }
 
 // fleetOptions sets the reaper options of the leader lease and cancel on
-// reap.
-func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) {
+// reap. Its error says the Redis URL cannot be named for the settings
+// drift check (which connecting to it has already refused).
+func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) error {
 	if l.on {
-		settings := reaper.NewSettings(cfg.Interval, cfg.HeartbeatInterval, cfg.StallTimeout, cfg.Queues, cfg.Cascades)
+		settings, err := m.settings(cfg)
+		if err != nil {
+			return err
+		}
 		opts.LeaderLease = reaper.NewLeaderLease(store, cfg.Queues, l.holder, cfg.Interval, settings, log, m.metrics)
 	}
 	if m.cancelOnReap && !m.dryRun {
 		opts.Canceller = queue.NewCanceller(rdb, cfg.OpTimeout)
 	}
+	return nil
+}
+
+// settings are the settings that decide what this daemon does as the
+// leader, which the replicas of its queue set compare (settings drift):
+// one line per setting.
+func (m runMode) settings(cfg config.Config) (reaper.Settings, error) {
+	redisID, err := queue.RedisID(cfg.RedisURL)
+	if err != nil {
+		return reaper.Settings{}, fmt.Errorf("redis_url: %w", err)
+	}
+	s := reaper.NewSettings(cfg.Interval, cfg.HeartbeatInterval, cfg.StallTimeout, cfg.Queues, cfg.Cascades)
+	s.Redis = redisID
+	s.MaxLostPerPass = cfg.MaxLostPerPass
+	s.StaleQueuedAfter = cfg.StaleQueuedAfter.String()
+	s.StaleQueuedLookupsPerPass = cfg.StaleQueuedLookupsPerPass
+	s.CancelOnReap = m.cancelOnReap
+	return s, nil
 }
 
 // dryRunDoc is the JSON form of `run --once --dry-run --output json`: the

@@ -177,7 +177,10 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		// run --once: an operator's one pass does all of its paced work.
 		opts.Once = true
 	}
-	mode.fleetOptions(&opts, store, leader, rdb, cfg, log)
+	if err := mode.fleetOptions(&opts, store, leader, rdb, cfg, log); err != nil {
+		closeAll()
+		return nil, cannotRun("%v", err)
+	}
 	return &deps{reaper: reaper.New(store, lister, markers, opts), pool: pool, rdb: rdb, close: closeAll}, nil
 }
 

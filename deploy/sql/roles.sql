@@ -57,8 +57,9 @@ GRANT UPDATE (status, failure_reason, finished_at, marker_set_at)
 GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"reaper_role";
 GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
 -- The leader lease of its queue set: take or renew it (INSERT ... ON
--- CONFLICT DO UPDATE), check it before each reap's COMMIT, release it on a
--- clean exit (DELETE of its own row).
+-- CONFLICT DO UPDATE), check it before each reap's COMMIT (SELECT ... FOR
+-- SHARE, which needs UPDATE too), release it on a clean exit (DELETE of its
+-- own row).
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".leader_leases TO :"reaper_role";
 
 -- Worker -----------------------------------------------------------------

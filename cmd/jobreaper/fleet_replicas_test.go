@@ -1,0 +1,116 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
+)
+
+// Two daemons of the real binary; the leader A reaches PostgreSQL through
+// a proxy of the test's own, which is cut. A's /metrics says 0 from its
+// first failed renewal and its lease age keeps growing; once B took the
+// leader lease, every scrape finds exactly one replica exporting 1.
+func TestLeaderMetricsOfAReplicaCutOffFromPostgreSQL(t *testing.T) {
+	t.Parallel()
+	bin := jobstest.BuildJobreaper(t)
+	db := jobstest.New(t)
+	proxy, viaProxy := proxyPostgres(t, db.URL)
+	const interval = 2 * time.Second
+	common := []string{"--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", unique("cutoff"),
+		"--interval", interval.String(), "--stall-timeout", "11m"}
+	a := startReplica(t, bin, "replica A", append([]string{"--database-url", viaProxy}, common...)...)
+	waitFor(t, "A leads", func() bool { return a.leads(t) })
+	b := startReplica(t, bin, "replica B", append([]string{"--database-url", db.URL}, common...)...)
+	waitFor(t, "B follows, having read A's renewals", func() bool {
+		return b.metric(t, "jobreaper_leader") == 0 && b.metric(t, "jobreaper_leader_lease_age_seconds") > 0 &&
+			b.metric(t, "jobreaper_leader_lease_age_seconds") < interval.Seconds()
+	})
+
+	failedAt := len(a.stderr.String())
+	proxy.cut()
+	waitFor(t, "A's first renewal fails", func() bool {
+		return containsAfter(a.stderr.String(), failedAt, "leader lease attempt failed")
+	})
+	if v := a.metric(t, "jobreaper_leader"); v != 0 {
+		t.Fatalf("A exports jobreaper_leader %v after its first failed renewal, want 0", v)
+	}
+	first := a.metric(t, "jobreaper_leader_lease_age_seconds")
+	waitFor(t, "A's lease age grows past two intervals", func() bool {
+		return a.metric(t, "jobreaper_leader_lease_age_seconds") > 2*interval.Seconds()
+	})
+	if later := a.metric(t, "jobreaper_leader_lease_age_seconds"); later <= first {
+		t.Fatalf("A's lease age went from %v to %v while it could not renew", first, later)
+	}
+
+	waitFor(t, "B leads", func() bool { return b.leads(t) })
+	for range 20 {
+		la, lb := a.metric(t, "jobreaper_leader"), b.metric(t, "jobreaper_leader")
+		if la != 0 || lb != 1 {
+			t.Fatalf("after the takeover A exports jobreaper_leader %v and B %v, want 0 and 1", la, lb)
+		}
+		if age := b.metric(t, "jobreaper_leader_lease_age_seconds"); age > interval.Seconds() {
+			t.Fatalf("the new leader's lease age is %vs, want under one interval", age)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	if age := a.metric(t, "jobreaper_leader_lease_age_seconds"); age <= 2*interval.Seconds() {
+		t.Fatalf("A's lease age fell to %vs while it still cannot reach PostgreSQL", age)
+	}
+}
+
+// containsAfter reports whether s holds sub after its first from bytes.
+func containsAfter(s string, from int, sub string) bool {
+	return len(s) > from && strings.Contains(s[from:], sub)
+}
+
+// A replica of the real binary deployed with another Redis database, a
+// lost-task limit and cancel on reap off reports each as settings drift
+// against the leader, naming both values, once for as long as the
+// difference stays the same.
+func TestSettingsDriftOfTheBinaryNamesTheRedisItReads(t *testing.T) {
+	t.Parallel()
+	bin := jobstest.BuildJobreaper(t)
+	db := jobstest.New(t)
+	common := []string{"--database-url", db.URL, "--schema", db.Schema, "--queues", unique("drift"),
+		"--interval", "2s", "--stall-timeout", "11m"}
+	otherRedis := strings.TrimSuffix(redisTestURL(), "/"+redisTestDB) + "/11"
+	a := startReplica(t, bin, "replica A", append(common, "--redis-url", redisTestURL())...)
+	waitFor(t, "A leads", func() bool { return a.leads(t) })
+	b := startReplica(t, bin, "replica B", append(common, "--redis-url", otherRedis,
+		"--max-lost-per-pass", "5", "--cancel-on-reap=false")...)
+	waitFor(t, "B reports settings drift", func() bool { return b.metric(t, "jobreaper_settings_drift") == 1 })
+	passes := a.passes(t)
+	waitFor(t, "A ran three more passes (B made several attempts)", func() bool { return a.passes(t) >= passes+3 })
+	if b.metric(t, "jobreaper_settings_drift") != 1 || a.metric(t, "jobreaper_settings_drift") != 0 {
+		t.Fatal("jobreaper_settings_drift is not 1 on B and 0 on A while the drift lasts")
+	}
+	mine, err := queue.RedisID(otherRedis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders, err := queue.RedisID(redisTestURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drifts []string
+	for _, line := range strings.Split(b.stderr.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") && strings.Contains(line, "settings drift") {
+			drifts = append(drifts, line)
+		}
+	}
+	if len(drifts) != 1 {
+		t.Fatalf("B logged the drift %d times, want once:\n%s", len(drifts), strings.Join(drifts, "\n"))
+	}
+	for _, want := range []string{
+		"redis: this replica " + mine + ", the leader " + leaders,
+		"max_lost_per_pass: this replica 5, the leader 100",
+		"cancel_on_reap: this replica false, the leader true",
+	} {
+		if !strings.Contains(drifts[0], want) {
+			t.Errorf("B's drift line does not say %q:\n%s", want, drifts[0])
+		}
+	}
+}
