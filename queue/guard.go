@@ -52,7 +52,10 @@ type GuardStore interface {
 	// an error wrapping jobs.ErrClaimLost when another claim won.
 	Claim(ctx context.Context, id string, expectedGeneration int64, worker string) (jobs.Lease, error)
 	// Release, Fail and AutoComplete settle an attempt after its handler
-	// returned; each is fenced by the lease (see outcome.go).
+	// returned; each is fenced by the lease (see outcome.go). The guard
+	// calls them once with a context detached from the handler's and
+	// expects them to retry a transient failure themselves, as
+	// *jobs.Store's do; an error they return is final for the guard.
 	Release(ctx context.Context, lease jobs.Lease) error
 	Fail(ctx context.Context, lease jobs.Lease, code string) error
 	AutoComplete(ctx context.Context, lease jobs.Lease) (jobs.CompleteResult, error)
@@ -172,7 +175,10 @@ func defaultWorker() string {
 //     delivery claimed it first, or the job became terminal): an error
 //     wrapping jobs.ErrClaimLost and asynq.SkipRetry.
 //  5. Run the handler with the lease in its context (jobs.WithLease), then
-//     map its result through the outcome mapping.
+//     map its result through the outcome mapping, whose writes are retried
+//     through a blip of a few seconds; one that still fails is counted as
+//     settle_failed and logged, and asynq's decision is kept (see
+//     README, "What a handler's result does").
 //
 // Over a *jobs.Store (see Admitter) steps 2 to 4 take one Redis and one
 // PostgreSQL round trip: the marker is read first, then jobs.Store.Admit

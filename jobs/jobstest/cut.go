@@ -1,6 +1,7 @@
 package jobstest
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"sync"
@@ -21,9 +22,10 @@ type Cuttable struct {
 	// Pool is the pool to hand to the code under test.
 	Pool *pgxpool.Pool
 
-	mode    atomic.Int32 // cutOpen, cutRefuse or cutHang
-	refused atomic.Int64
-	held    atomic.Int64
+	mode       atomic.Int32 // cutOpen, cutRefuse or cutHang
+	refused    atomic.Int64
+	held       atomic.Int64
+	loseCommit atomic.Bool
 
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
@@ -126,6 +128,12 @@ func (c *Cuttable) Restore() {
 	}
 }
 
+// LoseNextCommitAnswer makes the next COMMIT any of the pool's connections
+// sends reach PostgreSQL, and then closes that connection before the
+// answer can be read: the transaction commits, and the client sees a broken
+// connection (a COMMIT whose outcome is unknown to it).
+func (c *Cuttable) LoseNextCommitAnswer() { c.loseCommit.Store(true) }
+
 // Refused returns how many connections were refused while cut.
 func (c *Cuttable) Refused() int64 { return c.refused.Load() }
 
@@ -136,6 +144,18 @@ func (c *Cuttable) Held() int64 { return c.held.Load() }
 type trackedConn struct {
 	net.Conn
 	owner *Cuttable
+}
+
+// commitMessage is how pgx sends a transaction's COMMIT: a simple query
+// whose text is "commit".
+var commitMessage = []byte("commit\x00")
+
+func (t *trackedConn) Write(p []byte) (int, error) {
+	n, err := t.Conn.Write(p)
+	if err == nil && bytes.Contains(p, commitMessage) && t.owner.loseCommit.CompareAndSwap(true, false) {
+		_ = t.Close()
+	}
+	return n, err
 }
 
 func (t *trackedConn) Close() error {
