@@ -30,6 +30,12 @@ import (
 //   - 40001 serialization_failure and 40P01 deadlock_detected, which
 //     PostgreSQL asks the client to retry.
 //
+// A timeout cannot tell a database that does not answer from a statement
+// that waited too long for a lock (pgx reports both as the context's
+// deadline, not as a PostgreSQL error); both count as transient here, and
+// a reader that must tell them apart (an outage detector) should look at
+// what the next statement says.
+//
 // Never transient: nil, context.Canceled (the caller gave up), any other
 // PostgreSQL error (a constraint, a permission, a bad statement: sending
 // it again gives the same answer), a closed pool, and jobreaper's own
