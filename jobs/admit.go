@@ -102,8 +102,9 @@ WITH snap AS (
 )
 SELECT cur.status, cur.generation, cur.failure_reason, snap.generation,
        c.id, c.generation, c.worker, c.type, c.queue, c.parent_id, c.tenant_id,
-       c."cursor", c.total, c.started_at, c.first_generation
-  FROM cur LEFT JOIN snap ON true LEFT JOIN claimed c ON true`
+       c."cursor", c.total, c.started_at, c.first_generation, t.max_runtime, t.stall_timeout
+  FROM cur LEFT JOIN snap ON true LEFT JOIN claimed c ON true
+       LEFT JOIN {schema}.job_types t ON t.name = c.type`
 
 // Admit is the start guard's read and claim in one statement (one round
 // trip). On the row as it stands after any lock wait it answers, in order:
@@ -113,7 +114,8 @@ SELECT cur.status, cur.generation, cur.failure_reason, snap.generation,
 // generation of the current life, see README "A job ID's lives", so it
 // does not refuse); with !req.Claim, AdmitHeld. Otherwise it claims as
 // Claim does (generation+1, worker, started_at = updated_at = now(),
-// PROCESSING, a "claimed" event in the same statement), provided the
+// PROCESSING, a "claimed" event in the same statement, the type's
+// max_runtime and stall_timeout read into the lease), provided the
 // generation is the one the statement's snapshot saw: of two Admits that
 // saw one generation exactly one returns AdmitClaimed and the other
 // AdmitLost.
@@ -133,6 +135,7 @@ func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Admission, error) 
 		cqueue, cparent, ctenant      *string
 		cgen, ccursor, ctotal, cfirst *int64
 		cstarted                      pgtype.Timestamptz
+		maxRun, stall                 pgtype.Interval
 	)
 	// A row replaced by a new life of the ID while cur waited for its lock
 	// reads as no row; lockedRead asks once more, and the new statement
@@ -141,7 +144,7 @@ func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Admission, error) 
 		return s.db.QueryRow(ctx, s.q(admitSQL), pgx.NamedArgs{
 			"job_id": req.JobID, "worker": req.Worker, "marker": marker, "claim": req.Claim,
 		}).Scan(&a.Status, &a.Generation, &a.FailureReason, &snapGen,
-			&cid, &cgen, &cworker, &ctype, &cqueue, &cparent, &ctenant, &ccursor, &ctotal, &cstarted, &cfirst)
+			&cid, &cgen, &cworker, &ctype, &cqueue, &cparent, &ctenant, &ccursor, &ctotal, &cstarted, &cfirst, &maxRun, &stall)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Admission{Outcome: AdmitNoRow}, done(nil)
@@ -154,7 +157,8 @@ func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Admission, error) 
 		a.Outcome = AdmitClaimed
 		a.Lease = Lease{JobID: *cid, Generation: *cgen, Worker: *cworker, Type: *ctype, Queue: *cqueue,
 			ParentID: *cparent, TenantID: *ctenant, Cursor: *ccursor, Total: *ctotal,
-			StartedAt: cstarted.Time, FirstGeneration: *cfirst}
+			StartedAt: cstarted.Time, FirstGeneration: *cfirst,
+			MaxRuntime: leaseLimit(maxRun), StallTimeout: leaseLimit(stall)}
 	case a.Status == StatusCompleted:
 		a.Outcome = AdmitCompleted
 	case a.Status == StatusFailed:

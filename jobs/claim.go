@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const claimSQL = `
@@ -27,13 +29,16 @@ WITH claimed AS (
     INSERT INTO {schema}.job_events (job_id, kind, generation, worker, at)
     SELECT id, 'claimed', generation, worker, now() FROM claimed
 )
-SELECT * FROM claimed`
+SELECT c.*, t.max_runtime, t.stall_timeout
+  FROM claimed c LEFT JOIN {schema}.job_types t ON t.name = c.type`
 
 // Claim starts an attempt of jobID: in one statement it moves a QUEUED or
 // PROCESSING row whose generation is still expectedGeneration to PROCESSING,
 // increments the generation, records worker, sets started_at and updated_at
 // to the database's now(), and appends a "claimed" event. Of two claims of
-// one generation exactly one wins.
+// one generation exactly one wins. The same statement reads the type's
+// max_runtime and stall_timeout into the lease (Lease.MaxRuntime,
+// Lease.StallTimeout).
 //
 // It returns the new lease, or an error wrapping ErrClaimLost when the row
 // matched nothing (another claim won, or the job is COMPLETED or FAILED), or
@@ -44,12 +49,26 @@ func (s *Store) Claim(ctx context.Context, jobID string, expectedGeneration int6
 	if err := CheckID(jobID); err != nil {
 		return Lease{}, done(err)
 	}
-	var l Lease
+	var (
+		l             Lease
+		maxRun, stall pgtype.Interval
+	)
 	err := s.db.QueryRow(ctx, s.q(claimSQL), pgx.NamedArgs{
 		"job_id": jobID, "expected_generation": expectedGeneration, "worker": worker,
-	}).Scan(&l.JobID, &l.Generation, &l.Worker, &l.Type, &l.Queue, &l.ParentID, &l.TenantID, &l.Cursor, &l.Total, &l.StartedAt, &l.FirstGeneration)
+	}).Scan(&l.JobID, &l.Generation, &l.Worker, &l.Type, &l.Queue, &l.ParentID, &l.TenantID, &l.Cursor, &l.Total, &l.StartedAt, &l.FirstGeneration,
+		&maxRun, &stall)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Lease{}, done(fmt.Errorf("job %s generation %d: %w", jobID, expectedGeneration, ErrClaimLost))
 	}
+	l.MaxRuntime, l.StallTimeout = leaseLimit(maxRun), leaseLimit(stall)
 	return l, done(err)
+}
+
+// leaseLimit converts a job_types limit read by a claim for the lease: 0
+// when NULL.
+func leaseLimit(iv pgtype.Interval) time.Duration {
+	if !iv.Valid {
+		return 0
+	}
+	return IntervalDuration(iv)
 }

@@ -108,30 +108,57 @@ func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, le
 // a completion whose product writes take longer than the operation timeout
 // still commits.
 //
+// Retries, only where fn has not run yet: when the transaction cannot begin
+// (no connection, a refused or broken one) or Complete fails with a
+// connection-level failure, a deadlock or a serialization failure, the
+// transaction is rolled back and tried again after 0.25, 0.5, 1, 2 and 4 s
+// (six tries at most, each statement with the operation timeout), so a
+// completion survives a blip of a few seconds. The retries end early when
+// ctx ends: fn's statements and the COMMIT run under ctx, so a completion
+// whose handler was stopped (asynq's deadline, a shutdown) could not
+// commit anyway, and the task's next attempt takes the job over. Once fn
+// ran, nothing is retried here: fn's writes are the caller's to repeat,
+// and the errors below say what became of them. The caller may call
+// CompleteWith again after any of them: a completion that did commit
+// answers Replayed, and one that did not runs fn again (so an external call
+// made before it must carry an IdempotencyKey).
+//
 // A Replayed completion (a retry after a lost commit acknowledgement) does
 // not call fn: its rows were committed with the first completion. The
 // result is Confirmed when the transaction committed or replayed.
 //
-// Errors, each saying what became of the transaction: BEGIN failed
-// (nothing written); those of Complete (rolled back, nothing written);
-// fn's error, wrapped (rolled back, the job stays PROCESSING); ErrTxEnded
-// when the cascade or fn ended the transaction before COMMIT; a COMMIT
-// PostgreSQL refused or that was never sent (nothing committed); a COMMIT
-// sent without an answer, wrapping ErrCommitUnknown: retry CompleteWith,
-// and a committed completion answers Replayed.
+// Errors, each saying what became of the transaction: BEGIN failed after
+// the retries (nothing written); those of Complete (rolled back, nothing
+// written); fn's error, wrapped (rolled back, the job stays PROCESSING);
+// ErrTxEnded when the cascade or fn ended the transaction before COMMIT; a
+// COMMIT PostgreSQL refused or that was never sent (nothing committed); a
+// COMMIT sent without an answer, wrapping ErrCommitUnknown: retry
+// CompleteWith, and a committed completion answers Replayed.
 func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) (CompleteResult, error) {
 	if db == nil {
 		db = s.db
 	}
-	tx, err := s.begin(ctx, db, "CompleteWith")
+	var (
+		tx  pgx.Tx
+		res CompleteResult
+	)
+	err := s.retryFinal(ctx, func(ctx context.Context, _ bool) error {
+		t, err := s.begin(ctx, db, "CompleteWith")
+		if err != nil {
+			return err
+		}
+		r, err := s.Complete(ctx, t, lease)
+		if err != nil {
+			s.rollback(ctx, t)
+			return fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
+		}
+		tx, res = t, r
+		return nil
+	})
 	if err != nil {
 		return CompleteResult{}, err
 	}
 	defer s.rollback(ctx, tx)
-	res, err := s.Complete(ctx, tx, lease)
-	if err != nil {
-		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
-	}
 	if res.Replayed {
 		return res, nil
 	}

@@ -60,18 +60,34 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // and runs the type's on_failed cascade, the same cascade a reap runs, so a
 // worker-reported failure and a reap are one domain transition.
 //
+// A try that meets a connection-level failure, a deadlock or a
+// serialization failure is rolled back and tried again after 0.25, 0.5, 1,
+// 2 and 4 s (six tries at most, each with the operation timeout), until
+// ctx ends: a finalization should survive a blip. A COMMIT whose answer
+// was lost is resolved by the next try: a job it finds FAILED at the
+// lease's generation with this code was failed by this call, which then
+// succeeds without a late_result_rejected event.
+//
 // Errors: ErrInvalidArgument for a bad code (nothing sent); ErrStaleWorker
 // when another generation owns the job or this attempt released it, and
 // ErrJobTerminal when it is already COMPLETED or FAILED, both with a
 // late_result_rejected event; ErrNotFound for a missing row; a wrapped
 // cascade error (nothing written); ErrTxEnded when a cascade statement ended
-// the transaction (not reported as failed by this call); otherwise a wrapped
-// driver error.
+// the transaction (not reported as failed by this call); otherwise the last
+// try's wrapped driver error or timeout (nothing written, unless it wraps
+// ErrCommitUnknown).
 func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
-	ctx, done := s.op(ctx, "Fail")
 	if err := CheckFailureCode(code); err != nil {
-		return done(fmt.Errorf("job %s: %w", lease.JobID, err))
+		return fmt.Errorf("jobs.Fail: job %s: %w", lease.JobID, err)
 	}
+	return s.retryFinal(ctx, func(ctx context.Context, maybeDone bool) error {
+		return s.failOnce(ctx, lease, code, maybeDone)
+	})
+}
+
+// failOnce is one try of Fail.
+func (s *Store) failOnce(ctx context.Context, lease Lease, code string, maybeDone bool) error {
+	ctx, done := s.op(ctx, "Fail")
 	matched := false
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var ca cascadeArgs
@@ -96,9 +112,8 @@ func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
 	if err != nil || matched {
 		return done(err)
 	}
-	_, err = s.refuse(ctx, s.db, "Fail", lease)
-	if err == nil {
-		err = fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, lease.Generation)
+	own := func(st jobState) bool {
+		return maybeDone && st.Status == StatusFailed && st.Generation == lease.Generation && st.FailureReason == code
 	}
-	return done(err)
+	return done(s.refuseFinal(ctx, "Fail", lease, own))
 }

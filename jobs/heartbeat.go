@@ -44,8 +44,10 @@ func (hostClock) Now() time.Time { return time.Now() }
 
 // HeartbeatResult says what one Heartbeat call did.
 type HeartbeatResult struct {
-	// Throttled: this process sent a heartbeat for the same attempt less
-	// than one interval ago, so no statement was sent.
+	// Throttled: no statement was sent, because this process sent a
+	// heartbeat for the same attempt less than one interval ago, or that
+	// heartbeat failed less than its backoff ago, or it is still waiting
+	// for its answer.
 	Throttled bool
 	// Sent: an UPDATE was sent to PostgreSQL (it may still have matched 0
 	// rows).
@@ -57,38 +59,17 @@ type HeartbeatResult struct {
 
 // HeartbeatStats counts a Heartbeater's calls since it was created.
 type HeartbeatStats struct {
-	// Calls is every Heartbeat call; Throttled, those the limiter skipped;
-	// Sent, those that sent an UPDATE; Written, those whose UPDATE moved the
-	// row; Refused, those answered ErrStaleWorker or ErrJobTerminal (sent,
-	// or answered from the attempt's recorded refusal); Failed, those that
-	// ended in any other error, including a call whose context was already
-	// done.
+	// Calls is every Heartbeat call; Throttled, those the limiter skipped
+	// (within the interval, within a failed write's backoff, or while the
+	// attempt's write was in flight); Sent, those that sent an UPDATE;
+	// Written, those whose UPDATE moved the row; Refused, those answered
+	// ErrStaleWorker or ErrJobTerminal (sent, or answered from the
+	// attempt's recorded refusal); Failed, those that ended in any other
+	// error (a failed write, which the limiter retries after its backoff),
+	// including a call whose context was already done. Calls is Throttled
+	// plus Sent plus the calls answered without a round trip (a recorded
+	// refusal, a context already done).
 	Calls, Throttled, Sent, Written, Refused, Failed uint64
-}
-
-// attemptKey identifies one attempt: the job and the generation its claim
-// gave it. Everything the Heartbeater remembers belongs to an attempt, not
-// to a job: a superseded attempt of a job, or an earlier life of its ID,
-// may still be calling from the same process while the live attempt runs.
-type attemptKey struct {
-	jobID      string
-	generation int64
-}
-
-// attemptEntry is what the limiter remembers of one attempt.
-type attemptEntry struct {
-	// at is when the attempt's last heartbeat was let through (sent,
-	// whatever the outcome).
-	at time.Time
-	// refusal is set once PostgreSQL refused the attempt (ErrStaleWorker or
-	// ErrJobTerminal): a fence that refused an attempt never lets it
-	// through again, so later calls get the same answer without a round
-	// trip.
-	refusal error
-	// probed: a throttled call of this attempt was let through because a
-	// newer attempt of the job heartbeats from this process (see reserve);
-	// at most once per entry, so an outage cannot make it a storm.
-	probed bool
 }
 
 // Heartbeater writes heartbeats for the attempts running in one process, at
@@ -102,8 +83,9 @@ type Heartbeater struct {
 	mu sync.Mutex
 	// last maps an attempt to what the limiter remembers of it. Entries
 	// whose last heartbeat is at least one interval old no longer throttle
-	// and are dropped by sweep, so the map holds only attempts seen within
-	// the last two intervals.
+	// and are dropped by sweep (unless a write is in flight or a backoff
+	// not yet passed), so the map holds only attempts seen within the last
+	// two intervals.
 	last map[attemptKey]attemptEntry
 	// newest maps a job ID to the highest generation in last, so that an
 	// attempt superseded by one that heartbeats from this process is found
@@ -156,12 +138,27 @@ func (h *Heartbeater) Interval() time.Duration { return h.interval }
 // one throttled call of the older attempt is let through anyway, so that
 // PostgreSQL refuses it at once instead of its calls being answered as
 // merely throttled until its window ends.
-// The call let through is recorded before it is sent, so concurrent calls
-// of one attempt make at most one write, and a write that fails or matches
-// 0 rows still uses up the interval (an outage does not turn into a retry
-// storm). Throttled calls return Throttled and send nothing. A call whose
-// ctx is already done sends nothing and uses up nothing: it returns ctx's
-// error.
+// The call let through is recorded before it is sent, and no other call of
+// the attempt is let through until its answer came back, so concurrent
+// calls of one attempt make at most one write, and an attempt never has
+// two writes in flight however long one takes. Throttled calls return
+// Throttled and send nothing. A call whose ctx is already done sends
+// nothing and uses up nothing: it returns ctx's error.
+//
+// A write PostgreSQL answered, whether it moved the row or matched nothing,
+// uses up the attempt's interval. A write that failed (PostgreSQL
+// unreachable, a broken connection, the operation's timeout: any error but
+// a refusal) does not: the attempt's next call is let through once a
+// backoff has passed since the failure, which starts at the lesser of 1 s
+// and a fifth of the interval and doubles at each further failure, up to a
+// fifth of the interval (1 s, 2 s, 4 s, ... 60 s with the 5-minute
+// default). So a live attempt's progress lands within one backoff of the
+// database coming back rather than up to an interval later, and an outage
+// costs at most one write per attempt per backoff step, never a storm.
+// The backoff is measured on the Heartbeater's clock. It only shortens the
+// lag after an outage: what keeps the reaper from failing live jobs whose
+// heartbeats an outage held back is the daemon's outage grace (idle time
+// never counts across a PostgreSQL outage), not this retry.
 //
 // The UPDATE is fenced: it moves updated_at to the database's now() and
 // stores progress only when the row is PROCESSING at the lease's generation
@@ -195,101 +192,27 @@ func (h *Heartbeater) Heartbeat(ctx context.Context, lease Lease, progress int64
 	}
 	h.sent.Add(1)
 	written, err := h.store.heartbeat(ctx, lease, progress)
+	refused := errors.Is(err, ErrStaleWorker) || errors.Is(err, ErrJobTerminal)
+	h.answered(key, err, refused)
 	switch {
 	case err == nil && written:
 		h.written.Add(1)
 		h.store.metrics.heartbeat(HeartbeatWritten)
 	case err == nil:
 		h.store.metrics.heartbeat(HeartbeatUnchanged)
-	case errors.Is(err, ErrStaleWorker) || errors.Is(err, ErrJobTerminal):
+	case refused:
 		h.refused.Add(1)
-		h.remember(key, err)
-	case err != nil:
+	default:
 		h.failed.Add(1)
 	}
 	return HeartbeatResult{Sent: true, Written: written}, err
 }
 
-// verdict is the limiter's decision on one call.
-type verdict int
-
-const (
-	// verdictSend: no call of the attempt in the last interval; the call is
-	// recorded and goes to PostgreSQL.
-	verdictSend verdict = iota
-	// verdictThrottled: the attempt sent a heartbeat less than one interval
-	// ago.
-	verdictThrottled
-	// verdictRefused: PostgreSQL refused the attempt before.
-	verdictRefused
-	// verdictDone: the call's context is already done; nothing is recorded.
-	verdictDone
-)
-
-// reserve decides a call of attempt key and, for verdictSend, records it;
-// with verdictRefused it returns the attempt's recorded refusal.
-func (h *Heartbeater) reserve(ctx context.Context, key attemptKey) (verdict, error) {
-	now := h.clock.Now()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if now.Sub(h.lastSweep) >= h.interval {
-		h.sweep(now)
-	}
-	e, ok := h.last[key]
-	switch {
-	case ok && e.refusal != nil:
-		return verdictRefused, e.refusal
-	case ctx.Err() != nil:
-		return verdictDone, nil
-	case ok && now.Sub(e.at) < h.interval:
-		if e.probed || h.newest[key.jobID] <= key.generation {
-			return verdictThrottled, nil
-		}
-		// A newer attempt of this job heartbeats here: this one is
-		// superseded, and one round trip lets PostgreSQL say so.
-		e.probed = true
-		h.last[key] = e
-		return verdictSend, nil
-	}
-	h.last[key] = attemptEntry{at: now}
-	if key.generation > h.newest[key.jobID] {
-		h.newest[key.jobID] = key.generation
-	}
-	return verdictSend, nil
-}
-
-// remember records that PostgreSQL refused attempt key.
-func (h *Heartbeater) remember(key attemptKey, refusal error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if e, ok := h.last[key]; ok {
-		e.refusal = refusal
-		h.last[key] = e
-	}
-}
-
-// sweep drops the entries that no longer throttle and rebuilds newest from
-// the rest; h.mu is held. It runs at most once per interval, so its cost is
-// amortised over the calls. A refused attempt's entry goes too: its next
-// call is sent and refused again, which records one late_result_rejected
-// event per interval at most.
-func (h *Heartbeater) sweep(now time.Time) {
-	clear(h.newest)
-	for key, e := range h.last {
-		if now.Sub(e.at) >= h.interval {
-			delete(h.last, key)
-			continue
-		}
-		if key.generation > h.newest[key.jobID] {
-			h.newest[key.jobID] = key.generation
-		}
-	}
-	h.lastSweep = now
-}
-
 // Tracked returns how many attempts the limiter currently remembers.
-// Entries older than one interval are dropped, so it stays near the number
-// of attempts that sent a heartbeat within the last two intervals.
+// Entries older than one interval are dropped (unless their write is still
+// in flight or their backoff after a failed write has not passed), so it
+// stays near the number of attempts that sent a heartbeat within the last
+// two intervals.
 func (h *Heartbeater) Tracked() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()

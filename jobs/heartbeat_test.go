@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -93,35 +91,6 @@ func TestHeartbeat(t *testing.T) {
 		}
 		if n := writes(t, db, "j1"); n != 3 {
 			t.Fatalf("heartbeat UPDATEs = %d, want 3", n)
-		}
-	})
-
-	t.Run("CallAfterAFailedWriteInsideTheIntervalMakesNone", func(t *testing.T) {
-		t.Parallel()
-		db, store := setup(t, nil)
-		countWrites(t, db)
-		lease := queued(t, db, store, jobstest.Job{ID: "j1", Type: "crawl.site"}, "w1")
-		// A Store whose pool is closed: every write fails before it reaches
-		// PostgreSQL, as in an outage.
-		down, err := pgxpool.New(ctx, db.URL)
-		requireNoErr(t, err)
-		down.Close()
-		hb, clock := heartbeater(t, jobs.NewStore(down, jobs.WithSchema(db.Schema)))
-		res, err := hb.Heartbeat(ctx, lease, 1)
-		if err == nil || !res.Sent || res.Written || jobs.ErrorCode(err) != "" {
-			t.Fatalf("heartbeat through a closed pool = %+v, %v; want sent, not written, a driver error", res, err)
-		}
-		clock.Advance(jobs.HeartbeatIntervalDefault - time.Second)
-		res, err = hb.Heartbeat(ctx, lease, 2)
-		requireNoErr(t, err)
-		if !res.Throttled || res.Sent {
-			t.Fatalf("heartbeat after a failed write = %+v, want throttled", res)
-		}
-		if n := writes(t, db, "j1"); n != 0 {
-			t.Fatalf("heartbeat UPDATEs = %d, want 0", n)
-		}
-		if st := hb.Stats(); st.Sent != 1 || st.Failed != 1 || st.Throttled != 1 {
-			t.Fatalf("stats = %+v", st)
 		}
 	})
 

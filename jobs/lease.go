@@ -34,6 +34,19 @@ type Lease struct {
 	// lives when the product deleted the row and inserted the ID again (see
 	// README, "A job ID's lives"). Generation is at or above it.
 	FirstGeneration int64
+	// MaxRuntime is the type's max_runtime (job_types) as the claim read
+	// it, in the same statement: the runtime after which the reaper may
+	// fail the attempt once it is idle for the stall timeout. Intervals
+	// convert as PostgreSQL compares them (a month is 30 days, a day 24
+	// hours; beyond about 292 years it saturates at MaxDuration). 0 when no
+	// job_types row names the job's type: the reaper skips such a job as
+	// unknown_type. Set by Claim and Admit; zero in a Lease built otherwise.
+	MaxRuntime time.Duration
+	// StallTimeout is the type's own stall_timeout as the claim read it,
+	// converted as MaxRuntime is; 0 when the type leaves it NULL (the
+	// daemon's stall_timeout setting applies, which the worker library does
+	// not know) or has no job_types row. Set by Claim and Admit.
+	StallTimeout time.Duration
 }
 
 // FencingToken returns "<job id>:<generation>". It changes with every

@@ -23,11 +23,23 @@ UPDATE {schema}.jobs SET status = 'QUEUED'
 // generation is kept; the next claim increments it, which fences anything
 // this attempt still writes.
 //
+// Tries are repeated as Fail's are (a connection-level failure, a deadlock
+// or a serialization failure: six tries at most over 7.75 s of backoff,
+// until ctx ends); a job a retry finds QUEUED at the lease's generation
+// after a COMMIT whose answer was lost was released by this call.
+//
 // Errors: ErrStaleWorker when another generation owns the job (or it was
 // released already), ErrJobTerminal when it is COMPLETED or FAILED, both
 // with a late_result_rejected event; ErrNotFound for a missing row;
-// otherwise a wrapped driver error.
+// otherwise the last try's wrapped driver error or timeout.
 func (s *Store) Release(ctx context.Context, lease Lease) error {
+	return s.retryFinal(ctx, func(ctx context.Context, maybeDone bool) error {
+		return s.releaseOnce(ctx, lease, maybeDone)
+	})
+}
+
+// releaseOnce is one try of Release.
+func (s *Store) releaseOnce(ctx context.Context, lease Lease, maybeDone bool) error {
 	ctx, done := s.op(ctx, "Release")
 	matched := false
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -41,11 +53,30 @@ func (s *Store) Release(ctx context.Context, lease Lease) error {
 	if err != nil || matched {
 		return done(err)
 	}
-	_, err = s.refuse(ctx, s.db, "Release", lease)
-	if err == nil {
-		err = fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, lease.Generation)
+	own := func(st jobState) bool {
+		return maybeDone && st.Status == StatusQueued && st.Generation == lease.Generation
 	}
-	return done(err)
+	return done(s.refuseFinal(ctx, "Release", lease, own))
+}
+
+// refuseFinal answers a finalization write (op) of lease that matched no
+// row, reading the row through the Store's handle: nil when own says the
+// row is as this very call left it (an earlier try's COMMIT whose answer
+// was lost); the typed refusal, with its late_result_rejected event, when
+// the attempt is stale or the job terminal; an error saying so when the
+// row still reads PROCESSING at the lease's generation.
+func (s *Store) refuseFinal(ctx context.Context, op string, lease Lease, own func(jobState) bool) error {
+	st, err := s.readState(ctx, s.db, lease.JobID)
+	if err != nil {
+		return err
+	}
+	if own(st) {
+		return nil
+	}
+	if ferr := fenceError(lease, st); ferr != nil {
+		return s.rejectLate(ctx, op, lease, st, ferr)
+	}
+	return fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation)
 }
 
 const autoCompleteSQL = `
@@ -72,11 +103,28 @@ SELECT j.status, j.generation, coalesce(j.failure_reason, ''), coalesce(t.auto_c
 // ErrNotAutoComplete and nothing is written: the middleware then calls Fail
 // with ReasonNoCompletion.
 //
+// Tries are repeated as Fail's are (a connection-level failure, a
+// deadlock or a serialization failure: six tries at most over 7.75 s of
+// backoff, until ctx ends); a retry after a COMMIT whose answer was lost
+// finds the job COMPLETED by this generation and returns Replayed.
+//
 // Errors: ErrNotAutoComplete as above; ErrStaleWorker or ErrJobTerminal
 // when the attempt is over, with a late_result_rejected event; ErrNotFound
 // for a missing row; a wrapped cascade error; ErrTxEnded when a cascade
-// statement ended the transaction; otherwise a wrapped driver error.
+// statement ended the transaction; otherwise the last try's wrapped driver
+// error or timeout.
 func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, error) {
+	var res CompleteResult
+	err := s.retryFinal(ctx, func(ctx context.Context, _ bool) error {
+		var err error
+		res, err = s.autoCompleteOnce(ctx, lease)
+		return err
+	})
+	return res, err
+}
+
+// autoCompleteOnce is one try of AutoComplete.
+func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResult, error) {
 	ctx, done := s.op(ctx, "AutoComplete")
 	matched := false
 	err := s.inTx(ctx, func(tx pgx.Tx) error {

@@ -126,5 +126,6 @@ func (g *Guard) claimLost(ctx context.Context, log *slog.Logger, err error) (job
 func (g *Guard) claimed(ctx context.Context, log *slog.Logger, lease jobs.Lease) (jobs.Lease, bool, error) {
 	g.count(decisionClaimed)
 	log.DebugContext(ctx, "job claimed", "lease_generation", lease.Generation, "worker", g.worker)
+	g.checkDeadline(ctx, log, lease)
 	return lease, true, nil
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,7 +54,10 @@ type GuardStore interface {
 	// an error wrapping jobs.ErrClaimLost when another claim won.
 	Claim(ctx context.Context, id string, expectedGeneration int64, worker string) (jobs.Lease, error)
 	// Release, Fail and AutoComplete settle an attempt after its handler
-	// returned; each is fenced by the lease (see outcome.go).
+	// returned; each is fenced by the lease (see outcome.go). The guard
+	// calls them once with a context detached from the handler's and
+	// expects them to retry a transient failure themselves, as
+	// *jobs.Store's do; an error they return is final for the guard.
 	Release(ctx context.Context, lease jobs.Lease) error
 	Fail(ctx context.Context, lease jobs.Lease, code string) error
 	AutoComplete(ctx context.Context, lease jobs.Lease) (jobs.CompleteResult, error)
@@ -82,6 +87,13 @@ type Guard struct {
 	// handler's context (asynq.GetRetryCount, asynq.GetMaxRetry); tests
 	// replace it like taskID.
 	retries func(context.Context) (retried, maxRetry int, ok bool)
+	// stallTimeout is the daemon's stall timeout for types without their
+	// own (WithStallTimeout), for the short-deadline check.
+	stallTimeout time.Duration
+	// now reads this host's clock, the clock asynq's deadlines are on.
+	now func() time.Time
+	// warnedTypes holds the job types whose short deadline was logged.
+	warnedTypes sync.Map
 }
 
 // GuardOption configures a Guard.
@@ -112,9 +124,14 @@ func WithLogger(l *slog.Logger) GuardOption {
 // one of GuardDecisions (the start decisions claimed, refused_reaped,
 // refused_failed, acked_completed, claim_lost, no_row, unavailable,
 // no_task_id, bad_job_id and bad_marker, then the settlements of attempts); every value
-// exists at 0 from the start. A counter already registered by another
-// Guard on r is shared. NewGuard panics, like
-// prometheus.MustRegister, when r refuses the counter for another reason.
+// exists at 0 from the start. And jobreaper_guard_short_deadline_total{type}:
+// claims whose task's deadline ends before started_at + max_runtime +
+// stall timeout (see Middleware); a type's series appears at its first
+// such claim, and a type name that is not a valid label value (empty,
+// invalid UTF-8, a NUL byte, longer than jobs.MaxIDLength bytes: the rule
+// of jobs.CheckID) counts under type="". Counters already registered by
+// another Guard on r are shared. NewGuard panics, like
+// prometheus.MustRegister, when r refuses a counter for another reason.
 func WithRegisterer(r prometheus.Registerer) GuardOption {
 	return func(g *Guard) {
 		if r != nil {
@@ -127,12 +144,14 @@ func WithRegisterer(r prometheus.Registerer) GuardOption {
 // through store and reads markers through markers.
 func NewGuard(store GuardStore, markers MarkerReader, opts ...GuardOption) *Guard {
 	g := &Guard{
-		store:   store,
-		markers: markers,
-		worker:  defaultWorker(),
-		logger:  slog.Default(),
-		taskID:  asynq.GetTaskID,
-		retries: asynqRetries,
+		store:        store,
+		markers:      markers,
+		worker:       defaultWorker(),
+		logger:       slog.Default(),
+		taskID:       asynq.GetTaskID,
+		retries:      asynqRetries,
+		stallTimeout: guardStallTimeoutDefault,
+		now:          time.Now,
 	}
 	for _, o := range opts {
 		o(g)
@@ -171,8 +190,18 @@ func defaultWorker() string {
 //  4. Claim with the generation read. Lost (jobs.ErrClaimLost: another
 //     delivery claimed it first, or the job became terminal): an error
 //     wrapping jobs.ErrClaimLost and asynq.SkipRetry.
-//  5. Run the handler with the lease in its context (jobs.WithLease), then
-//     map its result through the outcome mapping.
+//  5. At the claim, when the handler context's deadline (asynq's: the
+//     earlier of the task's Timeout and Deadline) ends before started_at +
+//     max_runtime + stall timeout (the type's own, else WithStallTimeout's),
+//     asynq will cut the attempt before the reaper could judge it: the
+//     guard counts it in jobreaper_guard_short_deadline_total{type} and
+//     logs one WARN per type naming the type, the deadline, max_runtime and
+//     the stall timeout. The task runs as before.
+//  6. Run the handler with the lease in its context (jobs.WithLease), then
+//     map its result through the outcome mapping, whose writes are retried
+//     through a blip of a few seconds; one that still fails is counted as
+//     settle_failed and logged, and asynq's decision is kept (see
+//     README, "What a handler's result does").
 //
 // Over a *jobs.Store (see Admitter) steps 2 to 4 take one Redis and one
 // PostgreSQL round trip: the marker is read first, then jobs.Store.Admit

@@ -92,11 +92,19 @@ func asynqRetries(ctx context.Context) (retried, maxRetry int, ok bool) {
 //
 // The writes use a context that asynq's cancellation (task timeout, lost
 // lease, shutdown) does not cancel: they are fenced, so a superseded
-// attempt changes nothing, and each has its own timeout in jobs.Store. A
-// write refused by the fence (the job moved on meanwhile) returns
-// asynq.SkipRetry; a write that fails for another reason is logged and err
-// is returned as it was: the next claim fences this attempt, and the
-// reaper covers a row left PROCESSING.
+// attempt changes nothing, and each try has its own timeout in jobs.Store.
+// Over a *jobs.Store each write is retried after a connection-level
+// failure, a deadlock or a serialization failure (after 0.25, 0.5, 1, 2 and
+// 4 s: six tries at most), so an outcome survives a blip of a few seconds.
+// A write refused by the fence (the job moved on meanwhile) returns
+// asynq.SkipRetry. A write that still fails after its retries is
+// settle_failed: counted and logged at ERROR, the row left as it was, and
+// asynq's decision kept. A result asynq would retry (a retryable error with
+// retries left, or a success whose completion could not be recorded, before
+// the last attempt) is returned retryable, and the next claim takes the job
+// over; a final one (asynq.SkipRetry, asynq.RevokeTask, the last attempt)
+// is returned final, and the job stays PROCESSING until the reaper fails it
+// as lost_task.
 func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 	log := g.logger.With("job_id", lease.JobID, "generation", lease.Generation)
 	wctx := context.WithoutCancel(ctx)
@@ -108,23 +116,23 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 		log.WarnContext(wctx, "attempt cancelled (worker shutdown or task cancel); the job is left to its next claim", "err", err)
 		return err
 	}
+	retried, maxRetry, ok := g.retries(ctx)
+	lastAttempt := ok && retried >= maxRetry
 	if err == nil {
-		return g.settleSuccess(wctx, log, lease)
+		return g.settleSuccess(wctx, log, lease, lastAttempt)
 	}
 	if errors.Is(err, asynq.RevokeTask) {
 		code := failureCode(err, CodeRevoked)
 		if ferr := g.store.Fail(wctx, lease, code); ferr != nil {
-			return g.settleWriteFailed(ctx, log, lease, "fail", err, ferr)
+			return g.settleWriteFailed(wctx, log, lease, "fail", err, ferr, true)
 		}
 		g.count(decisionFailed)
 		log.WarnContext(ctx, "handler revoked its task, job FAILED", "failure_reason", code, "err", err)
 		return err
 	}
-	retried, maxRetry, ok := g.retries(ctx)
-	lastAttempt := ok && retried >= maxRetry
 	if !errors.Is(err, asynq.SkipRetry) && !lastAttempt {
 		if rerr := g.store.Release(wctx, lease); rerr != nil {
-			return g.settleWriteFailed(ctx, log, lease, "release", err, rerr)
+			return g.settleWriteFailed(wctx, log, lease, "release", err, rerr, false)
 		}
 		g.count(decisionReleased)
 		log.InfoContext(ctx, "attempt failed, job back to QUEUED for asynq's retry", "retried", retried, "max_retry", maxRetry, "err", err)
@@ -135,14 +143,16 @@ func (g *Guard) settle(ctx context.Context, lease jobs.Lease, err error) error {
 		code = failureCode(err, CodeRetriesExhausted)
 	}
 	if ferr := g.store.Fail(wctx, lease, code); ferr != nil {
-		return g.settleWriteFailed(ctx, log, lease, "fail", err, ferr)
+		return g.settleWriteFailed(wctx, log, lease, "fail", err, ferr, true)
 	}
 	g.count(decisionFailed)
 	log.WarnContext(ctx, "attempt failed for good, job FAILED", "failure_reason", code, "err", err)
 	return fmt.Errorf("queue.Guard: job %s failed (%s): %w: %w", lease.JobID, code, err, asynq.SkipRetry)
 }
 
-func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.Lease) error {
+// settleSuccess settles a handler that returned nil; lastAttempt says
+// asynq will not run the task again if the guard returns an error.
+func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.Lease, lastAttempt bool) error {
 	res, err := g.store.AutoComplete(ctx, lease)
 	switch {
 	case err == nil && res.Replayed:
@@ -154,7 +164,7 @@ func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.
 		return nil
 	case errors.Is(err, jobs.ErrNotAutoComplete):
 		if ferr := g.store.Fail(ctx, lease, jobs.ReasonNoCompletion); ferr != nil {
-			return g.settleWriteFailed(ctx, log, lease, "fail", nil, ferr)
+			return g.settleWriteFailed(ctx, log, lease, "fail", nil, ferr, lastAttempt)
 		}
 		g.count(decisionNoCompletion)
 		log.WarnContext(ctx, "handler returned without a confirmed Complete; job FAILED",
@@ -162,15 +172,20 @@ func (g *Guard) settleSuccess(ctx context.Context, log *slog.Logger, lease jobs.
 		return fmt.Errorf("queue.Guard: job %s: handler returned nil without jobs.Complete (type is not auto_complete): %s: %w",
 			lease.JobID, jobs.ReasonNoCompletion, asynq.SkipRetry)
 	default:
-		return g.settleWriteFailed(ctx, log, lease, "complete", nil, err)
+		return g.settleWriteFailed(ctx, log, lease, "complete", nil, err, lastAttempt)
 	}
 }
 
 // settleWriteFailed handles a settling write that did not go through. A
 // fenced refusal means the attempt lost its job: SkipRetry. Anything else
-// (an outage) leaves the row as it was and returns the handler's error, or
-// the write's error when the handler succeeded, for asynq to retry.
-func (g *Guard) settleWriteFailed(ctx context.Context, log *slog.Logger, lease jobs.Lease, op string, handlerErr, writeErr error) error {
+// (an outage that outlasted the write's retries) is settle_failed: the row
+// stays as it was, and asynq's decision is kept. When final is false (asynq
+// retries the task) it returns the handler's error, or the write's error
+// when the handler succeeded, retryable: the next claim takes the job over.
+// When final is true (asynq will not run the task again) it returns that
+// error wrapped with asynq.SkipRetry: the job stays PROCESSING until the
+// reaper fails it as lost_task, and the ERROR line says so.
+func (g *Guard) settleWriteFailed(ctx context.Context, log *slog.Logger, lease jobs.Lease, op string, handlerErr, writeErr error, final bool) error {
 	log = log.With("op", op)
 	if errors.Is(writeErr, jobs.ErrJobTerminal) || errors.Is(writeErr, jobs.ErrStaleWorker) {
 		g.count(decisionLostJob)
@@ -178,11 +193,27 @@ func (g *Guard) settleWriteFailed(ctx context.Context, log *slog.Logger, lease j
 		return fmt.Errorf("queue.Guard: job %s generation %d: %w: %w", lease.JobID, lease.Generation, writeErr, asynq.SkipRetry)
 	}
 	g.count(decisionSettleFailed)
-	log.ErrorContext(ctx, "could not record the attempt's outcome; the next claim fences this attempt", "err", writeErr)
-	if handlerErr != nil {
-		return handlerErr
+	result := handlerErr
+	if result == nil {
+		result = fmt.Errorf("queue.Guard: job %s: recording the outcome: %w", lease.JobID, writeErr)
 	}
-	return fmt.Errorf("queue.Guard: job %s: recording the outcome: %w", lease.JobID, writeErr)
+	if final {
+		log.ErrorContext(ctx, "could not record the attempt's outcome, even after retries; asynq will not run the task again, "+
+			"so the job stays PROCESSING until the reaper fails it as lost_task",
+			"reason", decisionSettleFailed.String(), "err", writeErr, "handler_err", errText(handlerErr))
+		return fmt.Errorf("%w: %w", result, asynq.SkipRetry)
+	}
+	log.ErrorContext(ctx, "could not record the attempt's outcome, even after retries; asynq retries the task, "+
+		"and its next claim takes the job over", "reason", decisionSettleFailed.String(), "err", writeErr, "handler_err", errText(handlerErr))
+	return result
+}
+
+// errText is err's text, or "" for nil, for a log attribute.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // settled reports whether the job no longer needs the mapping's write, and

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
@@ -56,6 +57,12 @@ type inspectDoc struct {
 	MarkerSetAt     *time.Time         `json:"marker_set_at"`
 	Marker          markerDoc          `json:"marker"`
 	TaskState       string             `json:"task_state"`
+	// TaskTimeoutSeconds and TaskDeadline are the asynq task's Timeout and
+	// Deadline, as the producer enqueued it (asynq cancels a handler at the
+	// earlier of the two); null when the task has none, or asynq does not
+	// hold the task, or it could not be read.
+	TaskTimeoutSeconds *float64   `json:"task_timeout_seconds"`
+	TaskDeadline       *time.Time `json:"task_deadline"`
 }
 
 type limitsDoc struct {
@@ -84,13 +91,14 @@ func (a *app) inspectCmd() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "inspect <job-id>",
-		Short: "Print one job's whole story: row, limits, runtime, batches, events, marker and asynq task state",
+		Short: "Print one job's whole story: row, limits, runtime, batches, events, marker and asynq task state, timeout and deadline",
 		Long: `inspect prints a job's status, type, queue, limits, runtime and idle time on
 the database clock, generation, worker, cursor and total, its recorded
 batches (count and the last few), its event history (kind, time, generation,
 detail), its marker (present, generation, TTL) and its asynq task state
 (active, pending, scheduled, retry, archived, completed, not_found;
-unknown when the row has no queue). It changes nothing. When Redis cannot
+unknown when the row has no queue) with the task's timeout and deadline
+(asynq cancels a handler at the earlier of the two). It changes nothing. When Redis cannot
 be reached it still prints the row, with the marker and the task state
 marked unreadable and a warning on stderr.
 
@@ -215,8 +223,29 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		default:
 			doc.TaskState = string(st)
 		}
+		if err == nil && st != queue.TaskNotFound && st != queue.TaskQueueNotFound {
+			taskLimits(d, rec.Queue, id, &doc)
+		}
 	}
 	return doc, nil
+}
+
+// taskLimits reads the asynq task's Timeout and Deadline into doc. asynq
+// keeps both in the task; a task that cannot be read now (gone since its
+// state was read) leaves them null, and the state says the rest.
+func taskLimits(d *opsDeps, queueName, id string, doc *inspectDoc) {
+	info, err := asynq.NewInspectorFromRedisClient(d.rdb).GetTaskInfo(queueName, id)
+	if err != nil {
+		return
+	}
+	if info.Timeout > 0 {
+		s := info.Timeout.Seconds()
+		doc.TaskTimeoutSeconds = &s
+	}
+	if !info.Deadline.IsZero() {
+		t := info.Deadline
+		doc.TaskDeadline = &t
+	}
 }
 
 func seconds(d *time.Duration) *float64 {
@@ -276,7 +305,15 @@ func printInspect(w io.Writer, doc inspectDoc) error {
 	default:
 		line("marker", "absent")
 	}
-	line("asynq task", "%s", doc.TaskState)
+	task := doc.TaskState
+	if doc.TaskTimeoutSeconds != nil || doc.TaskDeadline != nil {
+		deadline := "no deadline"
+		if doc.TaskDeadline != nil {
+			deadline = "deadline " + doc.TaskDeadline.UTC().Format(time.RFC3339)
+		}
+		task += fmt.Sprintf(" (timeout %s, %s)", dur(doc.TaskTimeoutSeconds, "none"), deadline)
+	}
+	line("asynq task", "%s", task)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

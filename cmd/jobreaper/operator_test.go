@@ -202,13 +202,43 @@ func TestInspectCommand(t *testing.T) {
 		t.Fatalf("document = %+v", doc)
 	}
 
+	// The enqueue helper gave the task the type's hard_timeout (24 h by
+	// default) and no deadline.
+	if doc.TaskTimeoutSeconds == nil || *doc.TaskTimeoutSeconds != 86400 || doc.TaskDeadline != nil {
+		t.Fatalf("task timeout %v and deadline %v, want 86400 s and none", doc.TaskTimeoutSeconds, doc.TaskDeadline)
+	}
+
 	text := run(t, opsArgs(db, "inspect", id)...)
 	requireExit(t, text, exitOK)
 	for _, want := range []string{"status:         PROCESSING", "generation:     1", "worker:         w1", "progress:       cursor 0 of total 30",
-		"marker:         present, generation 1", "asynq task:     pending", "claimed"} {
+		"marker:         present, generation 1", "asynq task:     pending (timeout 24h0m0s, no deadline)", "claimed"} {
 		if !strings.Contains(text.stdout, want) {
 			t.Errorf("text output lacks %q:\n%s", want, text.stdout)
 		}
+	}
+
+	// A task a producer enqueued with plain asynq, a short Timeout and a
+	// Deadline: both are shown.
+	short := q + "-short"
+	deadline := time.Now().Add(time.Hour).Truncate(time.Second)
+	db.Insert(t, jobstest.Job{ID: short, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
+	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(ctx, asynq.NewTask("report.export", nil), asynq.TaskID(short),
+		asynq.Queue(q), asynq.Timeout(3*time.Second), asynq.Deadline(deadline)); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, opsArgs(db, "inspect", short, "--output", "json")...)
+	requireExit(t, r, exitOK)
+	doc = inspectDoc{}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatalf("stdout is not one inspect document: %v\n%s", err, r.stdout)
+	}
+	if doc.TaskTimeoutSeconds == nil || *doc.TaskTimeoutSeconds != 3 || doc.TaskDeadline == nil || !doc.TaskDeadline.Equal(deadline) {
+		t.Fatalf("task timeout %v and deadline %v, want 3 s and %v", doc.TaskTimeoutSeconds, doc.TaskDeadline, deadline)
+	}
+	text = run(t, opsArgs(db, "inspect", short)...)
+	requireExit(t, text, exitOK)
+	if want := "asynq task:     pending (timeout 3s, deadline " + deadline.UTC().Format(time.RFC3339) + ")"; !strings.Contains(text.stdout, want) {
+		t.Errorf("text output lacks %q:\n%s", want, text.stdout)
 	}
 
 	// Redis down (nothing listens on port 1): the row is PostgreSQL's and
@@ -222,7 +252,7 @@ func TestInspectCommand(t *testing.T) {
 	const refused = "cannot connect to Redis at redis://127.0.0.1:1/0"
 	if down.Status != jobs.StatusProcessing || down.Generation != 1 || down.EventCount != 1 || down.Marker.Present ||
 		down.Marker.Generation != nil || !strings.Contains(down.Marker.Error, refused) ||
-		!strings.HasPrefix(down.TaskState, "error: "+refused) {
+		!strings.HasPrefix(down.TaskState, "error: "+refused) || down.TaskTimeoutSeconds != nil || down.TaskDeadline != nil {
 		t.Fatalf("inspect with Redis down = %+v", down)
 	}
 	if !strings.Contains(noRedis.stderr, "Redis unreachable: the marker and the asynq task state are shown as unreadable") {

@@ -1,0 +1,113 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// transient reports whether err says that PostgreSQL could not be reached
+// or asked for the statement to be tried again, so that the same write,
+// sent again a moment later, may go through. It is the one place this
+// package tells such errors from the others, for the finalization retries
+// below and for any other reader of "was this an outage?":
+//
+//   - connection-level failures: a dial refused or timed out, a connection
+//     reset, closed or cut short (EOF), any net.Error, pgx's own
+//     "conn closed", and the errors pgconn marks SafeToRetry (nothing was
+//     sent) or Timeout (a deadline or a network timeout, the operation's
+//     own timeout included);
+//   - PostgreSQL's answers that a connection ended or cannot start: the
+//     SQLSTATE class 08 (connection_exception), 57P01 admin_shutdown,
+//     57P02 crash_shutdown and 57P03 cannot_connect_now (a restart);
+//   - 40001 serialization_failure and 40P01 deadlock_detected, which
+//     PostgreSQL asks the client to retry.
+//
+// A timeout cannot tell a database that does not answer from a statement
+// that waited too long for a lock (pgx reports both as the context's
+// deadline, not as a PostgreSQL error); both count as transient here, and
+// a reader that must tell them apart (an outage detector) should look at
+// what the next statement says.
+//
+// Never transient: nil, context.Canceled (the caller gave up), any other
+// PostgreSQL error (a constraint, a permission, a bad statement: sending
+// it again gives the same answer), a closed pool, and jobreaper's own
+// refusals (ErrStaleWorker, ErrJobTerminal and the like), which wrap none
+// of the above.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "57P01", "57P02", "57P03":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
+// finalBackoff is the pause before each retry of a finalization write
+// (Fail, Release, AutoComplete, and the start of CompleteWith): five
+// retries over 7.75 s in all. A blip of a few seconds (a failover, a
+// restart, dropped connections) is over within it; a longer outage hands
+// the decision back to the caller after those 7.75 s plus the tries' own
+// timeouts.
+var finalBackoff = [...]time.Duration{
+	250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second,
+}
+
+// retryFinal runs try until it succeeds, fails with an error transient
+// does not accept, or the retries of finalBackoff are used up, pausing
+// between tries; each try gets its own operation timeout from the calls it
+// makes. ctx ends the retries early (the guard passes a context detached
+// from the handler's). maybeDone tells a try that an earlier try's COMMIT
+// went out without an answer (ErrCommitUnknown), so that finding the job
+// already as this write would leave it is this write's own success, not a
+// late result. The error returned is the last try's, saying how many tries
+// were made when there was more than one.
+func (s *Store) retryFinal(ctx context.Context, try func(ctx context.Context, maybeDone bool) error) error {
+	maybeDone := false
+	for i := 0; ; i++ {
+		err := try(ctx, maybeDone)
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		if i == len(finalBackoff) {
+			return fmt.Errorf("%w (gave up after %d tries)", err, i+1)
+		}
+		maybeDone = maybeDone || errors.Is(err, ErrCommitUnknown)
+		pause := time.NewTimer(finalBackoff[i])
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return err
+		case <-pause.C:
+		}
+	}
+}
