@@ -76,7 +76,7 @@ func (r *Reaper) warnMarkersHeld(h *markerHold, res *Result) {
 	if !h.decided || !h.held {
 		return
 	}
-	msg := "marker writes held: no live asynq server serves any queue of this pass in the Redis this daemon reads, " +
+	msg := "marker writes held: no live asynq server serves any queue of this pass in the Redis it reads, " +
 		"so no marker was re-asserted or repaired there. Likely causes: a wrong Redis database or address (--redis-url), " +
 		"or no worker running yet. They are written once a live server serves a queue of the pass"
 	if res.MarkersHeld == 0 {
