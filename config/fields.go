@@ -52,7 +52,7 @@ var settings = []setting{
 	{key: "marker_check_window", usage: "time within which the daemon re-asserts the marker of every job reaped in the last 7 days, a slice per pass; at least interval (Go duration)"},
 	{key: "max_lost_per_pass", usage: "most jobs one cycle over the lost-task candidates may reap as lost_task; a cycle that would reap more reaps none (Redis lost its data?); 0 means no limit (jobs)"},
 	{key: "stale_queued_lookups_per_pass", usage: "most QUEUED rows one daemon pass looks up in asynq, at least 1 (rows)"},
-	{key: "strict_queues", usage: "run --once refuses to run (exit 2) when a queue of --queues is not known to asynq in that Redis, instead of warning (true or false)"},
+	{key: "strict_queues", usage: "run --once refuses to run (exit 2) when a queue of --queues is not known to asynq in that Redis, instead of warning and scanning it as empty"},
 }
 
 // flagName returns the flag of a YAML key: stall_timeout -> stall-timeout.

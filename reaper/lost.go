@@ -246,8 +246,8 @@ type liveServers struct {
 }
 
 // liveQueues returns the queues live servers serve, and false when they
-// could not be read: an error of the pass, counted and logged once
-// (with what the pass does without them, then) whoever asks first.
+// could not be read: an error of the pass, counted once, whoever asks
+// first; each asker logs what the pass does without them (without).
 func (r *Reaper) liveQueues(ctx context.Context, l *liveServers, res *Result, without string) (map[string]bool, bool) {
 	if !l.done {
 		l.done = true
@@ -259,6 +259,8 @@ func (r *Reaper) liveQueues(ctx context.Context, l *liveServers, res *Result, wi
 	if !l.reported {
 		l.reported = true
 		r.failed(ctx, res, stageList, "reading asynq's live servers failed; "+without, "err", l.err)
+	} else if ctx.Err() == nil {
+		r.log.Warn("asynq's live servers could not be read this pass (counted above); "+without, "err", l.err)
 	}
 	return nil, false
 }

@@ -1,6 +1,8 @@
 package reaper_test
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -141,5 +143,36 @@ func TestUnknownQueueGetsADidYouMean(t *testing.T) {
 	lines := logs.take()
 	if countLines(lines, "level=WARN", "queue=reprots", "did_you_mean=reports") != 1 || countLines(lines, "level=WARN", "queue=zzz") != 1 {
 		t.Fatalf("want one warning per unknown queue, the did-you-mean in reprots's:\n%s", strings.Join(lines, "\n"))
+	}
+}
+
+// liveFails answers task lookups as its lister does and fails every read
+// of the live servers, as a Redis that times out on it.
+type liveFails struct{ *fakeLister }
+
+func (liveFails) LiveQueues(context.Context) (map[string]bool, error) {
+	return nil, errors.New("i/o timeout")
+}
+
+// A failed read of the live servers holds the marker writes and judges no
+// lost task, and is one error of the pass, not one per asker.
+func TestLiveServersThatCannotBeReadHoldMarkersAndCountOneError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *reaper.Options) { o.Once = true })
+	reapedRow(t, b.db, "R1", false)
+	b.db.Insert(t, jobstest.Job{ID: "L1", Type: "report.export", Generation: 1, Queue: "default",
+		StartedAgo: jobstest.Ago(2 * time.Hour), IdleAgo: time.Hour})
+	b.lister.queues["default"] = queue.ActiveTasks{}
+	r := reaper.New(b.db.Store(), b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), Once: true,
+		Asynq: liveFails{b.lister}})
+	res, err := runOnce(t, t.Context(), r)
+	if err != nil || res.Errors != 1 || res.MarkersHeld != 1 || res.Reaped != 0 {
+		t.Fatalf("pass = %+v, %v; want one error, R1's marker held, nothing reaped", res, err)
+	}
+	if b.redis.Exists(queue.MarkerKey("R1")) {
+		t.Fatal("R1's marker was written although the live servers could not be read")
+	}
+	if row := b.db.Read(t, "L1"); row.Status != jobs.StatusProcessing {
+		t.Fatalf("L1 = %+v, want PROCESSING", row)
 	}
 }
