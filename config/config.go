@@ -150,6 +150,11 @@ type Config struct {
 	// MaxLostPerPass is the most jobs one cycle over the lost-task
 	// candidates may reap as lost_task; 0 means no limit.
 	MaxLostPerPass int `yaml:"max_lost_per_pass" koanf:"max_lost_per_pass"`
+	// StrictQueues makes run --once refuse to run (exit 2) when a queue of
+	// Queues is not known to asynq in the Redis it reads, rather than warn
+	// and treat it as empty. Off by default: a queue appears in asynq only
+	// at its first enqueue. The daemon only warns either way.
+	StrictQueues bool `yaml:"strict_queues" koanf:"strict_queues"`
 	// RedisCAFile is a PEM file of the certificate authorities that sign
 	// the Redis server's certificate, for a rediss:// RedisURL; empty
 	// trusts the system's roots. It has no default.

@@ -60,6 +60,19 @@ func setField(f reflect.Value, s setting, val any) error {
 		default:
 			return bad("is not a duration (use Go syntax such as 5m or 90s, with a unit)")
 		}
+	case bool:
+		switch x := val.(type) {
+		case bool:
+			f.SetBool(x)
+		case string:
+			b, err := strconv.ParseBool(strings.TrimSpace(x))
+			if err != nil {
+				return bad("is not true or false")
+			}
+			f.SetBool(b)
+		default:
+			return bad("is not true or false")
+		}
 	case int:
 		switch x := val.(type) {
 		case int:

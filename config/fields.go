@@ -53,6 +53,7 @@ var settings = []setting{
 	{key: "marker_check_window", usage: "time within which the daemon re-asserts the marker of every job reaped in the last 7 days, a slice per pass; at least interval (Go duration)"},
 	{key: "max_lost_per_pass", usage: "most jobs one cycle over the lost-task candidates may reap as lost_task; a cycle that would reap more reaps none (Redis lost its data?); 0 means no limit (jobs)"},
 	{key: "stale_queued_lookups_per_pass", usage: "most QUEUED rows one daemon pass looks up in asynq, at least 1 (rows)"},
+	{key: "strict_queues", usage: "run --once refuses to run (exit 2) when a queue of --queues is not known to asynq in that Redis, instead of warning and scanning it as empty"},
 }
 
 // flagName returns the flag of a YAML key: stall_timeout -> stall-timeout.
@@ -93,6 +94,8 @@ func RegisterFlags(fs *pflag.FlagSet, keys ...string) {
 		switch v.Interface().(type) {
 		case time.Duration:
 			fs.Duration(name, time.Duration(v.Int()), s.usage)
+		case bool:
+			fs.Bool(name, v.Bool(), s.usage)
 		case int:
 			fs.Int(name, int(v.Int()), s.usage)
 		case []string:
@@ -126,12 +129,15 @@ func knownKeys() []string {
 	return append(keys, keyCascades)
 }
 
-// closest returns the known key nearest to key by edit distance when it is
-// close enough to be a typo, else "".
-func closest(key string, known []string) string {
-	best, bestD := "", len(key)/2+2
+// Closest returns the name among known nearest to name by edit distance
+// (EditDistance) when it is close enough to be a typo (fewer than half its
+// length plus 2 edits), else "": the did-you-mean of an unknown config key
+// or of a queue asynq does not know. Of two as near, the first in known
+// wins.
+func Closest(name string, known []string) string {
+	best, bestD := "", len(name)/2+2
 	for _, k := range known {
-		if d := EditDistance(key, k); d < bestD {
+		if d := EditDistance(name, k); d < bestD {
 			best, bestD = k, d
 		}
 	}
@@ -139,9 +145,9 @@ func closest(key string, known []string) string {
 }
 
 // EditDistance is the Levenshtein distance between a and b (in bytes: the
-// names it compares are ASCII): the fewest single-byte insertions,
+// names it compares are mostly ASCII): the fewest single-byte insertions,
 // deletions and substitutions that turn a into b. It picks the closest
-// known key or flag for a "did you mean" hint.
+// known key, flag or queue for a "did you mean" hint.
 func EditDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)

@@ -214,7 +214,7 @@ func unknownKeys(path string, raw map[string]any, lines map[string]int) []error 
 			continue
 		}
 		msg := fmt.Sprintf("config file %s line %d: unknown key %q", path, lines[key], key)
-		if near := closest(key, known); near != "" {
+		if near := Closest(key, known); near != "" {
 			msg += fmt.Sprintf(" (did you mean %q?)", near)
 		} else {
 			msg += " (known keys: " + strings.Join(known, ", ") + ")"

@@ -108,7 +108,7 @@ queues: [file-a, file-b]
 			"JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
 			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
 			"JOBREAPER_STALE_QUEUED_AFTER=2h", "JOBREAPER_STALE_QUEUED_LOOKUPS_PER_PASS=50",
-			"JOBREAPER_MARKER_CHECK_WINDOW=3h", "JOBREAPER_MAX_LOST_PER_PASS=0",
+			"JOBREAPER_MARKER_CHECK_WINDOW=3h", "JOBREAPER_MAX_LOST_PER_PASS=0", "JOBREAPER_STRICT_QUEUES=true",
 		}
 		got, err := Load(Sources{Environ: env})
 		if err != nil {
@@ -120,6 +120,7 @@ queues: [file-a, file-b]
 			HeartbeatInterval: 4 * time.Minute, PageSize: 2000, Lister: "inspector",
 			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
 			StaleQueuedAfter: 2 * time.Hour, StaleQueuedLookupsPerPass: 50, MarkerCheckWindow: 3 * time.Hour, MaxLostPerPass: 0,
+			StrictQueues: true,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("\n got %+v\nwant %+v", got, want)
@@ -165,6 +166,7 @@ stall_timeout: 900
 page_size: lots
 schema: 7
 queues: {a: b}
+strict_queues: yes
 `)
 		_, err := Load(Sources{File: path})
 		want := []string{
@@ -173,6 +175,7 @@ queues: {a: b}
 			`page_size: "lots" is not a whole number`,
 			`schema: 7 is not a string`,
 			`queues: map[a:b] is not a list of names`,
+			`strict_queues: "yes" is not true or false`,
 		}
 		ps := problems(t, err)
 		if len(ps) != len(want) {
@@ -462,5 +465,22 @@ func TestRegisterFlags(t *testing.T) {
 	}
 	if flag, env, ok := Names("stall_timeout"); !ok || flag != "--stall-timeout" || env != "JOBREAPER_STALL_TIMEOUT" {
 		t.Errorf("Names(stall_timeout) = %s %s %v", flag, env, ok)
+	}
+	// A bool setting is a switch: --strict-queues alone sets it, and so do
+	// the file and the environment with true or false.
+	if f := fs.Lookup("strict-queues"); f == nil || f.DefValue != "false" || f.NoOptDefVal != "true" {
+		t.Errorf("--strict-queues = %+v, want a bool flag defaulting to false", f)
+	}
+	for _, src := range []Sources{
+		{Flags: flags(t, "--strict-queues")},
+		{Environ: []string{"JOBREAPER_STRICT_QUEUES=1"}},
+		{File: writeFile(t, "strict_queues: true\n")},
+	} {
+		if got, err := Load(src); err != nil || !got.StrictQueues {
+			t.Errorf("Load(%+v): strict_queues = %v, %v; want true", src, got.StrictQueues, err)
+		}
+	}
+	if got, err := Load(Sources{Environ: []string{"JOBREAPER_STRICT_QUEUES=true"}, Flags: flags(t, "--strict-queues=false")}); err != nil || got.StrictQueues {
+		t.Errorf("--strict-queues=false over the environment's true: %v, %v; want false", got.StrictQueues, err)
 	}
 }

@@ -103,6 +103,10 @@ func checkDefault(t *testing.T, key, doc string, def any) {
 		if n, err := strconv.Atoi(doc); err != nil || n != v {
 			t.Errorf("README default of %s is %q, want %d", key, doc, v)
 		}
+	case bool:
+		if b, err := strconv.ParseBool(doc); err != nil || b != v {
+			t.Errorf("README default of %s is %q, want %t", key, doc, v)
+		}
 	case string:
 		if v == "" && (key == "redis_ca_file" || key == "redis_tls_server_name") { // optional, no default
 			if !strings.HasPrefix(doc, "none") {

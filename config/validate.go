@@ -263,6 +263,11 @@ func (v *validator) queues(queues []string) {
 			v.addf("queues", "queues item %d %q has surrounding spaces: asynq queue names are matched exactly", i+1, q)
 		case seen[q]:
 			v.addf("queues", "queues item %d %q is listed twice", i+1, q)
+		default:
+			if err := jobs.CheckName("queue name", q); err != nil {
+				v.addf("queues", "queues item %d: %s: a jobs row cannot name such a queue, nor a metric label hold it",
+					i+1, strings.TrimSuffix(err.Error(), ": "+jobs.ErrBadName.Error()))
+			}
 		}
 		seen[q] = true
 	}

@@ -43,6 +43,8 @@ func TestValidate(t *testing.T) {
 			[]string{`" critical"`, "surrounding spaces"}},
 		{"RefusesDuplicateQueue", func(c *Config) { c.Queues = []string{"a", "a"} }, "queues",
 			[]string{`item 2 "a" is listed twice`}},
+		{"RefusesQueueNameNoTextCanHold", func(c *Config) { c.Queues = []string{"a", "tenant\x00eu"} }, "queues",
+			[]string{`queues item 2: queue name "tenant\x00eu" contains a NUL byte`, "a jobs row cannot name such a queue"}},
 		{"RefusesZeroInterval", func(c *Config) { c.Interval = 0; c.StallTimeout = time.Hour }, "interval",
 			[]string{"interval 0s must be positive"}},
 		{"RefusesNegativeStallTimeout", func(c *Config) { c.StallTimeout = -time.Minute }, "stall_timeout",

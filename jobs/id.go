@@ -36,22 +36,53 @@ var ErrBadID = errors.New("job ID cannot be stored by PostgreSQL")
 // escaped (%q), so a log line carrying it stays one readable line. An ID
 // over the length limit is shown by its first 64 bytes only.
 func CheckID(id string) error {
-	switch {
-	case id == "":
+	if id == "" {
 		return fmt.Errorf("job ID is empty: %w", ErrBadID)
-	case len(id) > MaxIDLength:
-		return fmt.Errorf("job ID %q... is %d bytes, over the limit of %d: %w", truncate(id, 64), len(id), MaxIDLength, ErrBadID)
-	case strings.IndexByte(id, 0) >= 0:
-		return fmt.Errorf("job ID %q contains a NUL byte, which PostgreSQL text cannot hold: %w", id, ErrBadID)
-	case !utf8.ValidString(id):
-		return fmt.Errorf("job ID %q is not valid UTF-8: %w", id, ErrBadID)
+	}
+	return checkText("job ID", id, ErrBadID)
+}
+
+// ErrBadName: a name read from Redis or PostgreSQL (a queue name, a job
+// type) that PostgreSQL text cannot hold (a NUL byte, bytes that are not
+// valid UTF-8) or that is longer than MaxIDLength. Such a name can be
+// neither a SQL parameter nor a Prometheus label value (the client library
+// panics on invalid UTF-8).
+var ErrBadName = errors.New("name cannot be a PostgreSQL text value or a metric label")
+
+// CheckName applies CheckID's rules, except that an empty name is
+// allowed, to a name that comes from outside jobreaper: valid UTF-8, no
+// NUL byte, at most MaxIDLength bytes (far above any queue or type name;
+// a longer one would make every log line and label carrying it huge).
+// what names the kind of name for the message ("queue name", "job type").
+// Another client sharing the Redis can put any bytes into asynq:queues,
+// so the daemon checks every such name before it sends it to PostgreSQL
+// or uses it as a label. It sends nothing anywhere.
+//
+// The error wraps ErrBadName and says which rule failed, the name escaped
+// as CheckID shows an ID.
+func CheckName(what, name string) error {
+	return checkText(what, name, ErrBadName)
+}
+
+// checkText is the rule CheckID and CheckName share: at most MaxIDLength
+// bytes, no NUL byte, valid UTF-8. The error names what, shows s escaped
+// and wraps kind.
+func checkText(what, s string, kind error) error {
+	switch {
+	case len(s) > MaxIDLength:
+		return fmt.Errorf("%s %q... is %d bytes, over the limit of %d: %w", what, truncate(s, 64), len(s), MaxIDLength, kind)
+	case strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("%s %q contains a NUL byte, which PostgreSQL text cannot hold: %w", what, s, kind)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s %q is not valid UTF-8: %w", what, s, kind)
 	}
 	return nil
 }
 
 // QuoteID returns id escaped as a Go string literal (%q), cut to its first
 // 64 bytes with its length added when longer, for log lines about task IDs
-// that may hold control bytes, invalid UTF-8 or megabytes.
+// (or any name read from Redis) that may hold control bytes, invalid UTF-8
+// or megabytes.
 func QuoteID(id string) string {
 	const shown = 64
 	if len(id) > shown {

@@ -40,6 +40,37 @@ func TestCheckID(t *testing.T) {
 	}
 }
 
+// CheckName holds names from outside (queue names, job types) to CheckID's
+// rules, except that an empty name is a name.
+func TestCheckName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, value string
+		bad         string
+	}{
+		{"Plain", "reports", ""},
+		{"Empty", "", ""},
+		{"Unicode", "rapport-été", ""},
+		{"AtTheLimit", strings.Repeat("q", jobs.MaxIDLength), ""},
+		{"NulByte", "tenant\x00eu", `queue name "tenant\x00eu" contains a NUL byte`},
+		{"InvalidUTF8", "bad\xffqueue", `queue name "bad\xffqueue" is not valid UTF-8`},
+		{"OverTheLimit", strings.Repeat("q", jobs.MaxIDLength+1), "is 1025 bytes, over the limit of 1024"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := jobs.CheckName("queue name", tc.value)
+			if tc.bad == "" {
+				requireNoErr(t, err)
+				return
+			}
+			requireIs(t, err, jobs.ErrBadName)
+			if !strings.Contains(err.Error(), tc.bad) {
+				t.Fatalf("error %q lacks %q", err, tc.bad)
+			}
+		})
+	}
+}
+
 // TestCheckIDMatchesPostgreSQL shows the rule is PostgreSQL's: what CheckID
 // refuses for bytes fails to insert, what it accepts inserts. The length
 // limit is jobreaper's own, below the B-tree entry limit (an ID a little

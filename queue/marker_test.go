@@ -254,8 +254,8 @@ func TestMarkerStore(t *testing.T) {
 		for i := range typ.NumMethod() {
 			names = append(names, typ.Method(i).Name)
 		}
-		if strings.Join(names, ",") != "Get,ReassertMany,Set,SetMany" {
-			t.Fatalf("MarkerStore methods = %v, want exactly [Get ReassertMany Set SetMany]", names)
+		if strings.Join(names, ",") != "Get,MissingMany,ReassertMany,Set,SetMany" {
+			t.Fatalf("MarkerStore methods = %v, want exactly [Get MissingMany ReassertMany Set SetMany]", names)
 		}
 	})
 }

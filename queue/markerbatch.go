@@ -111,15 +111,40 @@ func isConnError(err error) bool {
 }
 
 // ReassertMany answers as SetMany would for writes, but first reads every
-// key in one pipeline of GETs and runs the compare-and-set only for the
-// keys that do not already hold this generation or a newer one (missing,
-// older, or holding something jobreaper never writes, which the
-// compare-and-set then reports as ErrBadMarker). Re-asserting markers that
-// are almost always there so costs a GET each instead of a script each.
-// A marker that changes between the read and the write is still judged by
-// the compare-and-set. When the read pipeline fails as a whole (Redis
-// unreachable, the timeout), every write carries that error.
+// key in one pipeline of GETs (MissingMany) and runs the compare-and-set
+// only for the keys that do not already hold this generation or a newer
+// one (missing, older, or holding something jobreaper never writes, which
+// the compare-and-set then reports as ErrBadMarker). Re-asserting markers
+// that are almost always there so costs a GET each instead of a script
+// each. A marker that changes between the read and the write is still
+// judged by the compare-and-set. When the read pipeline fails as a whole
+// (Redis unreachable, the timeout), every write carries that error.
 func (s *MarkerStore) ReassertMany(ctx context.Context, writes []MarkerWrite) []MarkerResult {
+	out := s.MissingMany(ctx, writes)
+	var rest []MarkerWrite
+	var restAt []int
+	for i, r := range out {
+		if r.Set && r.Err == nil {
+			rest = append(rest, writes[i])
+			restAt = append(restAt, i)
+		}
+		out[i].Set = false
+	}
+	for k, r := range s.SetMany(ctx, rest) {
+		out[restAt[k]] = r
+	}
+	return out
+}
+
+// MissingMany reads every key of writes in one pipeline of GETs and
+// writes nothing. Its answer for each write has Set true when SetMany
+// would have to run the compare-and-set for it: the key is missing, holds
+// an older generation, or holds something jobreaper never writes. A write
+// whose TTL is below one millisecond answers Set=false, as SetMany sends
+// nothing for it. When the pipeline fails as a whole (Redis unreachable,
+// the store's timeout), every write carries that error, wrapped and
+// naming the operation.
+func (s *MarkerStore) MissingMany(ctx context.Context, writes []MarkerWrite) []MarkerResult {
 	out := make([]MarkerResult, len(writes))
 	cmds := make([]*redis.StringCmd, len(writes))
 	var todo []int
@@ -131,7 +156,7 @@ func (s *MarkerStore) ReassertMany(ctx context.Context, writes []MarkerWrite) []
 	if len(todo) == 0 {
 		return out
 	}
-	opCtx, done := s.op(ctx, "ReassertMany")
+	opCtx, done := s.op(ctx, "MissingMany")
 	_, err := s.client.Pipelined(opCtx, func(p redis.Pipeliner) error {
 		for _, i := range todo {
 			cmds[i] = p.Get(opCtx, MarkerKey(writes[i].JobID))
@@ -146,17 +171,9 @@ func (s *MarkerStore) ReassertMany(ctx context.Context, writes []MarkerWrite) []
 		return out
 	}
 	_ = done(nil)
-	var rest []MarkerWrite
-	var restAt []int
 	for _, i := range todo {
-		if held, err := strconv.ParseInt(cmds[i].Val(), 10, 64); cmds[i].Err() == nil && err == nil && held >= writes[i].Generation {
-			continue // there: this generation or a newer one
-		}
-		rest = append(rest, writes[i])
-		restAt = append(restAt, i)
-	}
-	for k, r := range s.SetMany(ctx, rest) {
-		out[restAt[k]] = r
+		held, perr := strconv.ParseInt(cmds[i].Val(), 10, 64)
+		out[i].Set = cmds[i].Err() != nil || perr != nil || held < writes[i].Generation
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -135,6 +136,65 @@ func TestMarkerStoreReassertMany(t *testing.T) {
 		for i, r := range got {
 			if r.Set || r.Err == nil || errors.Is(r.Err, ErrBadMarker) {
 				t.Errorf("write %d with Redis down = %+v, want a Redis error", i, r)
+			}
+		}
+	})
+}
+
+// MissingMany says which markers SetMany would have to write, and writes
+// none: a pass that holds its marker writes counts them this way.
+func TestMarkerStoreMissingMany(t *testing.T) {
+	t.Parallel()
+
+	t.Run("SaysWhatIsNotThereAndWritesNothing", func(t *testing.T) {
+		t.Parallel()
+		mr, mc := miniRedis(t)
+		s, err := NewMarkerStore(mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, v := range map[string]string{"same": "3", "older": "1", "newer": "5", "garbage": "not-a-number"} {
+			if err := mr.Set(MarkerKey(key), v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := s.MissingMany(t.Context(), []MarkerWrite{
+			{JobID: "same", Generation: 3, TTL: MarkerTTL},
+			{JobID: "older", Generation: 2, TTL: time.Hour},
+			{JobID: "newer", Generation: 3, TTL: MarkerTTL},
+			{JobID: "missing", Generation: 4, TTL: time.Hour},
+			{JobID: "garbage", Generation: 1, TTL: MarkerTTL},
+			{JobID: "expired", Generation: 1, TTL: 0},
+		})
+		for i, want := range []bool{false, true, false, true, true, false} {
+			if got[i].Set != want || got[i].Err != nil {
+				t.Errorf("write %d = %+v, want set %v and no error", i, got[i], want)
+			}
+		}
+		for key, want := range map[string]string{"same": "3", "older": "1", "newer": "5", "garbage": "not-a-number"} {
+			if v, _ := mr.Get(MarkerKey(key)); v != want {
+				t.Errorf("marker %s = %q, want %q kept", key, v, want)
+			}
+		}
+		for _, key := range []string{"missing", "expired"} {
+			if mr.Exists(MarkerKey(key)) {
+				t.Errorf("marker %s was written", key)
+			}
+		}
+	})
+
+	t.Run("RedisDownFailsEveryRead", func(t *testing.T) {
+		t.Parallel()
+		mr, mc := miniRedis(t)
+		s, err := NewMarkerStore(mc, WithMarkerOpTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mr.Close()
+		got := s.MissingMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: MarkerTTL}, {JobID: "b", Generation: 1, TTL: MarkerTTL}})
+		for i, r := range got {
+			if r.Set || r.Err == nil || !strings.Contains(r.Err.Error(), "queue.MarkerStore.MissingMany") {
+				t.Errorf("read %d with Redis down = %+v, want an error naming queue.MarkerStore.MissingMany", i, r)
 			}
 		}
 	})

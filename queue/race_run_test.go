@@ -143,7 +143,7 @@ func (r *raceRun) pass(ctx context.Context, ps passPlan) {
 		m = &failingMarkers{rec: r.rec}
 	}
 	rp := reaper.New(r.s.store, r.s.lister, m, reaper.Options{
-		Queues: []string{raceQueue}, Rule: raceRule(r.plan.stall), Logger: r.log, Asynq: r.s.asynq,
+		Queues: []string{raceQueue, raceLiveQueue}, Rule: raceRule(r.plan.stall), Logger: r.log, Asynq: r.s.asynq,
 	})
 	res, err := rp.RunOnce(ctx)
 	r.rec.mu.Lock()
@@ -154,6 +154,9 @@ func (r *raceRun) pass(ctx context.Context, ps passPlan) {
 		r.rec.violate("a reaper pass could not run: %v", err)
 	case res.Errors > 0 && !ps.markersFail:
 		r.rec.violate("a reaper pass with a working Redis counted %d errors: %+v", res.Errors, res)
+	}
+	if cerr := res.CheckScanned(); cerr != nil {
+		r.rec.violate("a reaper pass's summary does not add up: %v", cerr)
 	}
 }
 

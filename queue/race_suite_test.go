@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -154,6 +155,7 @@ func newRaceSuite(t *testing.T) *raceSuite {
 		t.Fatal(err)
 	}
 	s.asynq = queue.NewStatusReader(s.rc, 0)
+	serveRaceLiveQueue(t, s.rc, s.asynq)
 	for w := range s.hbs {
 		// One Heartbeater per worker process; its limiter lets every call
 		// through, so that heartbeats race as often as batches do.
@@ -162,6 +164,27 @@ func newRaceSuite(t *testing.T) *raceSuite {
 		}
 	}
 	return s
+}
+
+// serveRaceLiveQueue runs an asynq server serving raceLiveQueue on rc,
+// stopped at cleanup, enqueues one task there (asynq knows a queue from
+// its first enqueue) and waits until the server is live.
+func serveRaceLiveQueue(t *testing.T, rc *redis.Client, reader *queue.StatusReader) {
+	t.Helper()
+	srv := asynq.NewServerFromRedisClient(rc, asynq.Config{Queues: map[string]int{raceLiveQueue: 1},
+		LogLevel: asynq.FatalLevel, ShutdownTimeout: time.Second})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	if _, err := asynq.NewClientFromRedisClient(rc).EnqueueContext(t.Context(), asynq.NewTask("noop", nil),
+		asynq.Queue(raceLiveQueue)); err != nil {
+		t.Fatal(err)
+	}
+	jobstest.Eventually(t, "a live asynq server serves "+raceLiveQueue, func() bool {
+		live, err := reader.LiveQueues(t.Context())
+		return err == nil && live[raceLiveQueue]
+	})
 }
 
 func connect(t *testing.T, db *jobstest.DB, conns int) *pgxpool.Pool {

@@ -43,6 +43,13 @@ const (
 // own Redis.
 const raceQueue = "race"
 
+// raceLiveQueue is a queue a live asynq server serves in the suite's Redis
+// (serveRaceLiveQueue), which the passes scan beside raceQueue: a pass
+// holds its marker repairs while no live server serves a queue of it, and
+// raceQueue cannot be served, since the interleavings deliver its tasks
+// themselves.
+const raceLiveQueue = "race-live"
+
 // raceRuns returns how many interleavings to run: JOBREAPER_RACE_RUNS, or
 // raceRunsDefault.
 func raceRuns(t *testing.T) int {

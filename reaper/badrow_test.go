@@ -35,7 +35,7 @@ func TestRowThatCannotBeReadIsSkippedAndTheOthersAreReaped(t *testing.T) {
 			// J-* are active; L-* are not, and asynq has no task for them.
 			b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J-a", "J-bad", "J-c"}}
 
-			res, err := b.reaper.RunOnce(ctx)
+			res, err := runOnce(t, ctx, b.reaper)
 			if err != nil {
 				t.Fatal(err)
 			}

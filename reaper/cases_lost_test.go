@@ -152,7 +152,7 @@ func TestCase_B26_SkippedCandidatesNeverHideALostJob(t *testing.T) {
 		if pass > limit {
 			t.Fatalf("J26 is not reaped after %d passes", limit)
 		}
-		res, err := r.RunOnce(ctx)
+		res, err := runOnce(t, ctx, r)
 		if err != nil || res.Errors != 0 {
 			t.Fatalf("pass %d = %+v, %v", pass, res, err)
 		}
@@ -165,7 +165,7 @@ func TestCase_B26_SkippedCandidatesNeverHideALostJob(t *testing.T) {
 	// run --once visits every candidate in its one pass.
 	stalledRows(t, o.db, "exports", time.Hour, "J26b")
 	archived(t, o.rc, "exports", "J26b")
-	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once = true }).RunOnce(ctx)
+	res, err := runOnce(t, ctx, o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once = true }))
 	if err != nil || res.ReapedBy["lost_task"] != 1 || res.Skipped["awaiting_retry"] != 2000 {
 		t.Fatalf("run --once = %+v, %v; want J26b reaped and 2,000 awaiting_retry", res, err)
 	}
@@ -186,7 +186,7 @@ func TestCase_B27_QueueAsynqForgot(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := o.lostReaper(t, o.rc, nil)
-	res, err := r.RunOnce(ctx)
+	res, err := runOnce(t, ctx, r)
 	if err != nil || res.Reaped != 0 || res.Skipped["lost_held"] != 1 || res.Skipped["no_queue"] != 1 {
 		t.Fatalf("pass without a live server = %+v, %v; want J27 held and one no_queue", res, err)
 	}
@@ -199,7 +199,7 @@ func TestCase_B27_QueueAsynqForgot(t *testing.T) {
 	// The workers come back and register their queues.
 	serve(t, o.rc, []string{"reports"}, func(context.Context, *asynq.Task) error { return nil }, asynq.Config{})
 	waitLive(t, o.rc, "reports")
-	res, err = r.RunOnce(ctx)
+	res, err = runOnce(t, ctx, r)
 	if err != nil || res.ReapedBy["lost_task"] != 1 || res.Skipped["no_queue"] != 1 {
 		t.Fatalf("pass with a live server = %+v, %v; want J27 reaped as lost_task", res, err)
 	}
@@ -235,7 +235,7 @@ func TestCase_B29_WrongRedisLooksLikeAMassLoss(t *testing.T) {
 
 	db1 := redis.NewClient(&redis.Options{Addr: o.srv.Addr, DB: 1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = db1.Close() })
-	res, err := o.lostReaper(t, db1, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 100 }).RunOnce(ctx)
+	res, err := runOnce(t, ctx, o.lostReaper(t, db1, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 100 }))
 	if err != nil || res.Reaped != 0 || res.Skipped["lost_held"] != 303 || res.LostLimitTripped {
 		t.Fatalf("pass on database 1 = %+v, %v; want all 303 held, none reaped", res, err)
 	}
@@ -270,7 +270,7 @@ func TestCase_B29_WrongRedisLooksLikeAMassLoss(t *testing.T) {
 		return err == nil && info.State == asynq.TaskStateActive
 	})
 	// A dry run says what the real pass will do: no lost_task reap.
-	res, err = o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass, opts.DryRun = true, 100, true }).RunOnce(ctx)
+	res, err = runOnce(t, ctx, o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass, opts.DryRun = true, 100, true }))
 	if err != nil || !res.LostLimitTripped || res.ReapedBy["lost_task"] != 0 {
 		t.Fatalf("dry run after the loss = %+v, %v; want the limit tripped and no lost_task reap", res, err)
 	}
@@ -288,7 +288,7 @@ func TestCase_B29_WrongRedisLooksLikeAMassLoss(t *testing.T) {
 	}
 	requireUntouched(t, o.db, "q29", 300)
 
-	res, err = o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 100 }).RunOnce(ctx)
+	res, err = runOnce(t, ctx, o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 100 }))
 	if err != nil || !res.LostLimitTripped || res.Errors == 0 || res.ReapedBy["lost_task"] != 0 || res.ReapedBy["stalled"] != 1 {
 		t.Fatalf("pass after the loss = %+v, %v; want the limit tripped, no lost_task reap, J29-active reaped as stalled", res, err)
 	}
@@ -301,7 +301,7 @@ func TestCase_B29_WrongRedisLooksLikeAMassLoss(t *testing.T) {
 	requireUntouched(t, o.db, "q29", 300)
 
 	// An operator who checked lifts the limit.
-	res, err = o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 0 }).RunOnce(ctx)
+	res, err = runOnce(t, ctx, o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 0 }))
 	if err != nil || res.ReapedBy["lost_task"] != 303 || res.LostLimitTripped {
 		t.Fatalf("pass without a limit = %+v, %v; want all 303 reaped as lost_task", res, err)
 	}
@@ -340,7 +340,7 @@ func TestBrokenActiveEntriesAreCountedAndTheirStalledJobsReapedAsLost(t *testing
 	}
 
 	cancels := &recordingCanceller{}
-	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.Canceller = true, cancels }).RunOnce(ctx)
+	res, err := runOnce(t, ctx, o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.Canceller = true, cancels }))
 	if err != nil || res.BrokenActive != 2 || res.Scanned != 3 || res.ReapedBy["stalled"] != 1 || res.ReapedBy["lost_task"] != 2 {
 		t.Fatalf("pass = %+v, %v; want 2 broken entries, J-ok stalled, the other two lost_task", res, err)
 	}
@@ -394,7 +394,7 @@ func TestLostJobIsLoggedOnceUnderAMassLossLimit(t *testing.T) {
 	stalledRows(t, o.db, "q-log", time.Hour, lost...)
 	serve(t, o.rc, []string{"q-log"}, func(context.Context, *asynq.Task) error { return nil }, asynq.Config{})
 	waitLive(t, o.rc, "q-log")
-	res, err := o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 10 }).RunOnce(ctx)
+	res, err := runOnce(t, ctx, o.lostReaper(t, o.rc, func(opts *reaper.Options) { opts.Once, opts.MaxLostPerPass = true, 10 }))
 	if err != nil || res.ReapedBy["lost_task"] != 3 || res.LostLimitTripped || res.Errors != 0 {
 		t.Fatalf("pass = %+v, %v; want the 3 jobs reaped as lost_task under the limit", res, err)
 	}

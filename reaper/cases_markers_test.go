@@ -89,14 +89,17 @@ func TestCase_B38_OneBadMarkerKeyDoesNotStopTheRepair(t *testing.T) {
 			t.Fatal(err)
 		}
 		log := slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
-		return reaper.New(db.Store(), lister, markers, reaper.Options{Queues: []string{q}, Rule: baselineRule, Logger: log, Metrics: metrics})
+		// The live server serveBlocking runs serves q in a.rc: marker
+		// repair is not held.
+		return reaper.New(db.Store(), lister, markers, reaper.Options{Queues: []string{q}, Rule: baselineRule, Logger: log, Metrics: metrics,
+			Asynq: queue.NewStatusReader(a.rc, 0)})
 	}
 	markersFailed := func() float64 { return metricValue(t, reg, "jobreaper_markers_failed_total", nil) }
 
 	// Redis is down for the marker writes (nothing listens on port 1).
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = down.Close() })
-	res, err := newReaper(down).RunOnce(ctx)
+	res, err := runOnce(t, ctx, newReaper(down))
 	if err != nil || res.Reaped != 4 || res.Errors != 4 {
 		t.Fatalf("pass while Redis is down = %+v, err %v; want 4 reaped and 4 marker errors", res, err)
 	}
@@ -116,7 +119,7 @@ func TestCase_B38_OneBadMarkerKeyDoesNotStopTheRepair(t *testing.T) {
 	}
 	up := newReaper(a.rc)
 	for pass := 1; pass <= 2; pass++ {
-		res, err = up.RunOnce(ctx)
+		res, err = runOnce(t, ctx, up)
 		if err != nil || res.Reaped != 0 || res.Errors != 2 {
 			t.Fatalf("pass %d after Redis came back = %+v, err %v; want 2 errors (X1, X2) and nothing reaped", pass, res, err)
 		}

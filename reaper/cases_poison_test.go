@@ -121,7 +121,7 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 	r := reaper.New(db.Store(), lister, markers, reaper.Options{
 		Queues: []string{qOdd, qB, qC}, Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg),
 	})
-	res, err := r.RunOnce(ctx)
+	res, err := runOnce(t, ctx, r)
 	if err != nil || res.Reaped != 2 || res.Errors != 0 || res.Scanned != 3 || !equalCounts(res.Skipped, map[string]int{"bad_job_id": 1}) {
 		t.Fatalf("result = %+v, err = %v; want 3 scanned, both stalled jobs reaped, the odd ID skipped as bad_job_id, no errors", res, err)
 	}
@@ -168,7 +168,7 @@ func TestCase_B33_FailedBatchLoadStopsNeitherOtherBatchesNorTheLostTaskSearch(t 
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1", "J2", "J3"}}
 	r := reaper.New(&failingLoadStore{Store: b.db.Store(), poison: "J2"}, b.lister, b.markers,
 		reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics, LoadBatch: 1})
-	res, err := r.RunOnce(context.Background())
+	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Reaped != 3 || res.ReapedBy["stalled"] != 2 || res.ReapedBy["lost_task"] != 1 || res.Errors != 1 {
 		t.Fatalf("result = %+v, err = %v; want J1, J3 reaped as stalled, J4 as lost_task, one error", res, err)
 	}

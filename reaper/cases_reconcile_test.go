@@ -61,7 +61,7 @@ func (o *ownRedis) reapOne(t *testing.T, id string, ago time.Duration) {
 	o.db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: "q",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 	lister := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {IDs: []string{id}}}}
-	res, err := o.reaper(t, lister, nil).RunOnce(t.Context())
+	res, err := runOnce(t, t.Context(), o.reaper(t, lister, nil))
 	if err != nil || res.Reaped != 1 {
 		t.Fatalf("reaping %s: %+v, %v", id, res, err)
 	}
@@ -135,7 +135,7 @@ func TestCase_B21_FailoverLosesAConfirmedMarker(t *testing.T) {
 	o.requireGuardRefuses(t, j21)
 
 	idle := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}}
-	res, err := o.reaper(t, idle, func(opts *reaper.Options) { opts.Once = true }).RunOnce(ctx)
+	res, err := runOnce(t, ctx, o.reaper(t, idle, func(opts *reaper.Options) { opts.Once = true }))
 	if err != nil || res.MarkersRestored != 1 || res.Errors != 0 {
 		t.Fatalf("pass = %+v, %v; want exactly J21's marker restored", res, err)
 	}
@@ -151,7 +151,7 @@ func TestCase_B21_FailoverLosesAConfirmedMarker(t *testing.T) {
 	}
 	// A later pass finds it there and never extends it.
 	first := o.ttl(t, j21)
-	res, err = o.reaper(t, idle, func(opts *reaper.Options) { opts.Once = true }).RunOnce(ctx)
+	res, err = runOnce(t, ctx, o.reaper(t, idle, func(opts *reaper.Options) { opts.Once = true }))
 	if err != nil || res.MarkersRestored != 0 {
 		t.Fatalf("second pass = %+v, %v; want nothing restored", res, err)
 	}
@@ -182,7 +182,7 @@ SELECT 'W' || lpad(i::text, 4, '0'), 'report.export', 'FAILED', 1, 'q', 'stalled
 		if pass > 60 {
 			t.Fatalf("after 60 passes (the 1 h window) %d of %d markers are restored", restored, n)
 		}
-		res, err := r.RunOnce(ctx)
+		res, err := runOnce(t, ctx, r)
 		if err != nil || res.Errors != 0 {
 			t.Fatalf("pass %d = %+v, %v", pass, res, err)
 		}
@@ -221,7 +221,7 @@ func TestCase_B20_EvictedMarker(t *testing.T) {
 	if row := o.db.Read(t, "J20"); row.Status != jobs.StatusFailed || row.Generation != 1 {
 		t.Fatalf("J20 after the redelivery = %+v, want FAILED at generation 1", row)
 	}
-	res, err := o.reaper(t, &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}}, func(opts *reaper.Options) { opts.Once = true }).RunOnce(ctx)
+	res, err := runOnce(t, ctx, o.reaper(t, &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}}, func(opts *reaper.Options) { opts.Once = true }))
 	if err != nil || res.MarkersRestored != 1 {
 		t.Fatalf("pass = %+v, %v; want J20's marker restored", res, err)
 	}

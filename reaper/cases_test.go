@@ -21,7 +21,7 @@ func TestCase_B12_ProgressingJobPastItsLimitIsNotReaped(t *testing.T) {
 		StartedAgo: jobstest.Ago(3 * time.Hour), IdleAgo: 5 * time.Minute})
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J12"}}
 	before := b.db.Read(t, "J12")
-	res, err := b.reaper.RunOnce(context.Background())
+	res, err := runOnce(t, context.Background(), b.reaper)
 	if err != nil || res.Reaped != 0 || res.Skipped["progressing"] != 1 {
 		t.Fatalf("result = %+v, err = %v; want J12 skipped as progressing", res, err)
 	}
@@ -51,7 +51,7 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		b.db.Insert(t, jobstest.Job{ID: "J15", Type: "video.transcode", Generation: 1,
 			StartedAgo: jobstest.Ago(125 * time.Minute), IdleAgo: 5*time.Minute + time.Second})
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J15"}}
-		res, err := b.reaper.RunOnce(context.Background())
+		res, err := runOnce(t, context.Background(), b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["bad_limits"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want J15 skipped as bad_limits", res, err)
 		}
@@ -76,7 +76,7 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		b.db.Insert(t, jobstest.Job{ID: "J15", Type: "video.transcode", Generation: 1,
 			StartedAgo: jobstest.Ago(125 * time.Minute), IdleAgo: 5*time.Minute + time.Second})
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J15"}}
-		res, err := b.reaper.RunOnce(context.Background())
+		res, err := runOnce(t, context.Background(), b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["progressing"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want J15 skipped as progressing", res, err)
 		}

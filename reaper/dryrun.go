@@ -71,7 +71,7 @@ func (r *Reaper) wouldReap(stalled []jobs.Snapshot, reason string, res *Result) 
 	for _, sn := range stalled {
 		res.Reaped++
 		res.ReapedBy[reason]++
-		res.reapedSeries[reapSeries{reason, sn.Type, sn.Queue}]++
+		res.reapedSeries[reapSeries{reason, labelValue(sn.Type), labelValue(sn.Queue)}]++
 	}
 }
 

@@ -3,6 +3,7 @@ package reaper_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -48,14 +49,14 @@ func evictionReaper(t *testing.T, srv *redistest.Server) (*reaper.Reaper, *prome
 	clock := clockwork.NewFakeClock()
 	r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{"none": {}}}, markers, reaper.Options{
 		Queues: []string{"none"}, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Clock: clock, Eviction: queue.NewPolicyReader(client, 0),
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, scanGuard{t}), &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	return r, reg, logs, clock
 }
 
 func cleanPass(t *testing.T, r *reaper.Reaper) {
 	t.Helper()
-	res, err := r.RunOnce(context.Background())
+	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Errors != 0 {
 		t.Fatalf("pass = %+v, %v; the eviction check must never make a pass fail", res, err)
 	}

@@ -31,7 +31,7 @@ func TestDryRun(t *testing.T) {
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J5", "J6", "fresh", "ghost"}}
 	before := b.db.Count(t, `SELECT count(*) FROM jobs WHERE status = 'PROCESSING'`)
 
-	res, err := b.reaper.RunOnce(ctx)
+	res, err := runOnce(t, ctx, b.reaper)
 	if err != nil {
 		t.Fatal(err)
 	}

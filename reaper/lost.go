@@ -76,8 +76,9 @@ type lostState struct {
 // as no_queue.
 //
 // A job whose active entry has no lease (noLease) is judged as lost: its
-// task hash says active, but asynq will never run nor recover it.
-func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease map[string]bool, now time.Time, res *Result) {
+// task hash says active, but asynq will never run nor recover it. live
+// reads the live servers' queues at most once in the pass.
+func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease map[string]bool, live *liveServers, now time.Time, res *Result) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -85,8 +86,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 	if len(listed) == 0 {
 		return
 	}
-	state := r.asynqState()
-	live := liveOnce(ctx, state)
+	state := live.state
 	st := &r.lost
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -117,7 +117,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 			}
 		}
 		if len(cands) < jobs.LostCandidatesLimitDefault {
-			r.endCycle(ctx, state, noLease, now, res)
+			r.endCycle(ctx, live, noLease, now, res)
 			return
 		}
 		if !r.opts.Once {
@@ -134,7 +134,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 // limit's look-up again at the end of the cycle): only then is each logged,
 // so that a job is logged once, not once when found and again before its
 // reap.
-func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live func() (map[string]bool, error),
+func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live *liveServers,
 	noLease map[string]bool, now time.Time, held map[string][]string, final bool, res *Result) ([]jobs.Snapshot, bool) {
 	var (
 		judged   []jobs.Snapshot
@@ -179,9 +179,8 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", st)
 			continue
 		}
-		servers, err := live()
-		if err != nil {
-			r.failed(ctx, res, stageList, "reading asynq's live servers failed; no lost task is judged this pass", "err", err)
+		servers, ok := r.liveQueues(ctx, live, res, "no lost task is judged this pass")
+		if !ok {
 			return nil, false
 		}
 		switch {
@@ -207,7 +206,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 // jobreaper_lost_limit_tripped_total. Before they are reaped their tasks
 // are looked up once more, so that one asynq was given back meanwhile is
 // left to run.
-func (r *Reaper) endCycle(ctx context.Context, state AsynqState, noLease map[string]bool, now time.Time, res *Result) {
+func (r *Reaper) endCycle(ctx context.Context, live *liveServers, noLease map[string]bool, now time.Time, res *Result) {
 	st := &r.lost
 	found, over := st.found, st.over
 	st.cursor, st.found, st.over = jobs.LostCursor{}, nil, false
@@ -227,28 +226,43 @@ func (r *Reaper) endCycle(ctx context.Context, state AsynqState, noLease map[str
 	if len(found) == 0 {
 		return
 	}
-	lost, ok := r.judgeLost(ctx, state, found, liveOnce(ctx, state), noLease, now, map[string][]string{}, true, res)
+	lost, ok := r.judgeLost(ctx, live.state, found, live, noLease, now, map[string][]string{}, true, res)
 	if !ok {
 		return
 	}
 	r.reapSet(ctx, sortedByID(lost), jobs.ReasonLostTask, res)
 }
 
-// liveOnce returns a func that reads the queues live servers serve once,
-// on first need, and answers the same after.
-func liveOnce(ctx context.Context, state AsynqState) func() (map[string]bool, error) {
-	var (
-		done bool
-		live map[string]bool
-		err  error
-	)
-	return func() (map[string]bool, error) {
-		if !done {
-			done = true
-			live, err = state.LiveQueues(ctx)
-		}
-		return live, err
+// liveServers reads the queues live asynq servers serve (asynq's server
+// registry) at most once per pass, on first need, and answers the same
+// after: the marker hold and the lost-task search share it.
+type liveServers struct {
+	state AsynqState
+	done  bool
+	live  map[string]bool
+	err   error
+	// reported: the read's failure was counted as an error of the pass.
+	reported bool
+}
+
+// liveQueues returns the queues live servers serve, and false when they
+// could not be read: an error of the pass, counted once, whoever asks
+// first; each asker logs what the pass does without them (without).
+func (r *Reaper) liveQueues(ctx context.Context, l *liveServers, res *Result, without string) (map[string]bool, bool) {
+	if !l.done {
+		l.done = true
+		l.live, l.err = l.state.LiveQueues(ctx)
 	}
+	if l.err == nil {
+		return l.live, true
+	}
+	if !l.reported {
+		l.reported = true
+		r.failed(ctx, res, stageList, "reading asynq's live servers failed; "+without, "err", l.err)
+	} else if ctx.Err() == nil {
+		r.log.Warn("asynq's live servers could not be read this pass (counted above); "+without, "err", l.err)
+	}
+	return nil, false
 }
 
 // warnHeld logs one warning per queue whose lost jobs were held this pass.

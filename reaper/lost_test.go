@@ -31,7 +31,7 @@ func TestReapLost(t *testing.T) {
 			if tc.status != "" {
 				b.lister.statuses = map[string]queue.TaskStatus{"J1": tc.status}
 			}
-			res, err := b.reaper.RunOnce(ctx)
+			res, err := runOnce(t, ctx, b.reaper)
 			if err != nil || res.Reaped != 1 || res.ReapedBy["lost_task"] != 1 || res.Errors != 0 || res.Scanned != 0 {
 				t.Fatalf("result = %+v, err = %v; want 1 lost_task reap", res, err)
 			}
@@ -54,7 +54,7 @@ func TestReapLost(t *testing.T) {
 		b.lister.queues["default"] = queue.ActiveTasks{}
 		b.lister.statuses = map[string]queue.TaskStatus{"J1": queue.TaskQueueNotFound}
 		b.lister.dead = map[string]bool{"default": true}
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["lost_held"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want lost_held 1", res, err)
 		}
@@ -69,7 +69,7 @@ func TestReapLost(t *testing.T) {
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{}
 		b.lister.statuses = map[string]queue.TaskStatus{"J1": queue.TaskRetry}
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["awaiting_retry"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want awaiting_retry 1", res, err)
 		}
@@ -89,7 +89,7 @@ func TestReapLost(t *testing.T) {
 			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 		b.lister.queues["default"] = queue.ActiveTasks{}
 		b.lister.failed["broken"] = errors.New("redis: i/o timeout")
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 0 || res.Errors != 1 {
 			t.Fatalf("result = %+v, err = %v; want nothing reaped and the one listing error", res, err)
 		}
@@ -105,7 +105,7 @@ func TestReapLost(t *testing.T) {
 		b := setup(t)
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 1 || res.ReapedBy["stalled"] != 1 || res.ReapedBy["lost_task"] != 0 {
 			t.Fatalf("result = %+v, err = %v; want one stalled reap", res, err)
 		}

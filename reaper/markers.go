@@ -29,10 +29,14 @@ import (
 // the next pass finds them missing and records them (their compare-and-set
 // changes nothing).
 //
+// While hold holds the pass's marker writes (markerHold: no live asynq
+// server serves a queue of the pass), nothing is written: the markers
+// missing from Redis are counted in Result.MarkersHeld.
+//
 // It returns the jobs whose marker it tried, so that the pass's
 // re-assertion (reassertMarkers) does not try them, or report a bad key,
 // twice.
-func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) (tried map[string]bool) {
+func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, hold *markerHold, res *Result) (tried map[string]bool) {
 	tried = map[string]bool{}
 	if ctx.Err() != nil {
 		return tried
@@ -49,6 +53,10 @@ func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, res *Result) 
 	for i, m := range missing {
 		tried[m.JobID] = true
 		writes[i] = queue.MarkerWrite{JobID: m.JobID, Generation: m.Generation, TTL: queue.MarkerRemaining(m.ReapedAt, now)}
+	}
+	if r.markersHeld(ctx, hold, res) {
+		r.countHeld(ctx, writes, res)
+		return tried
 	}
 	results := r.setMany(ctx, writes)
 	var written []jobs.MarkerRef

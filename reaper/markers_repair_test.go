@@ -73,7 +73,7 @@ func TestMarkerRepairAfterAnOutageWritesInPipelines(t *testing.T) {
 	}
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: ids}
 	down := reaper.New(b.db.Store(), b.lister, brokenMarkers{}, reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
-	if res, err := down.RunOnce(ctx); err != nil || res.Reaped != n || res.Errors != n {
+	if res, err := runOnce(t, ctx, down); err != nil || res.Reaped != n || res.Errors != n {
 		t.Fatalf("pass while Redis is down = %+v, err %v; want %d reaped and %d marker errors", res, err, n, n)
 	}
 
@@ -83,7 +83,7 @@ func TestMarkerRepairAfterAnOutageWritesInPipelines(t *testing.T) {
 	rdb.AddHook(trips)
 	store := &markRecorder{Store: b.db.Store()}
 	up := reaper.New(store, b.lister, newMarkers(t, rdb), reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
-	res, err := up.RunOnce(ctx)
+	res, err := runOnce(t, ctx, up)
 	if err != nil || res.Errors != 0 || res.MarkersRestored != n {
 		t.Fatalf("pass after Redis came back = %+v, err %v; want %d markers restored, no error", res, err, n)
 	}

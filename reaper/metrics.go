@@ -17,6 +17,7 @@ type Metrics struct {
 	markersFailed prometheus.Counter
 	markersFixed  *prometheus.CounterVec
 	queueNotFound *prometheus.CounterVec
+	badQueues     prometheus.Gauge
 	duration      prometheus.Histogram
 	lastSuccess   prometheus.Gauge
 	reconcile     *reconcileMetrics
@@ -78,6 +79,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jobreaper_queue_not_found_total",
 			Help: "Configured queues asynq has never seen (treated as empty; check for a typo).",
 		}, []string{"queue"}),
+		badQueues: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jobreaper_bad_queue_names",
+			Help: "Queue names the last pass skipped because no PostgreSQL text value or metric label can hold them (a NUL byte, invalid UTF-8, over 1,024 bytes): another client writes asynq:queues.",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "jobreaper_scan_duration_seconds",
 			Help:    "Duration of reaper passes in seconds.",
@@ -110,7 +115,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.reconcile = newReconcileMetrics(reg)
 	m.fleet = newFleetMetrics(reg)
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
-		m.queueNotFound, m.duration, m.lastSuccess)
+		m.queueNotFound, m.badQueues, m.duration, m.lastSuccess)
 	return m
 }
 
@@ -135,6 +140,12 @@ const (
 func (m *Metrics) markerRepaired(cause string) {
 	if m != nil {
 		m.markersFixed.WithLabelValues(cause).Inc()
+	}
+}
+
+func (m *Metrics) badQueueNames(n int) {
+	if m != nil {
+		m.badQueues.Set(float64(n))
 	}
 }
 

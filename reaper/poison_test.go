@@ -45,7 +45,7 @@ func TestReapOneFailingCascadeDoesNotStopTheOthers(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 		Metrics: reaper.NewMetrics(reg)})
-	res, err := r.RunOnce(ctx)
+	res, err := runOnce(t, ctx, r)
 	if err != nil || res.Reaped != 2 || res.Errors != 1 {
 		t.Fatalf("result = %+v, err %v; want A and C reaped and one error for bad", res, err)
 	}
@@ -97,7 +97,7 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		lister := &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: []string{"J1"}}}, failed: map[string]error{}}
 		r := reaper.New(&hookedStore{Store: db.Store(), beforeRepair: func() error { return hook(cancel) }}, lister,
 			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
-		res, err := r.RunOnce(ctx)
+		res, err := runOnce(t, ctx, r)
 		if err != nil {
 			t.Fatalf("RunOnce: %v", err)
 		}
@@ -132,7 +132,7 @@ func TestPassOutcomeMetrics(t *testing.T) {
 			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		res, err := r.RunOnce(ctx)
+		res, err := runOnce(t, ctx, r)
 		if !errors.Is(err, reaper.ErrPassFailed) || !res.Interrupted || res.Scanned != 0 || res.Reaped != 0 {
 			t.Fatalf("RunOnce after the stop = %+v, %v; want ErrPassFailed, interrupted, nothing scanned", res, err)
 		}
@@ -196,7 +196,7 @@ func TestBadTaskIDsAreSkippedBeforeTheLoad(t *testing.T) {
 	long := strings.Repeat("L", jobs.MaxIDLength+1)
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"bad\xff", "J1", long}}
 	b.lister.queues["other"] = queue.ActiveTasks{IDs: []string{"nul\x00"}}
-	res, err := b.reaper.RunOnce(context.Background())
+	res, err := runOnce(t, context.Background(), b.reaper)
 	if err != nil || res.Reaped != 1 || res.Errors != 0 || res.Scanned != 4 || !equalCounts(res.Skipped, map[string]int{"bad_job_id": 3}) {
 		t.Fatalf("result = %+v, err %v; want J1 reaped and 3 IDs skipped as bad_job_id", res, err)
 	}

@@ -45,7 +45,7 @@ SELECT id, 'report.export', 'FAILED', 2, 'race', 'stalled', now() - interval '1 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i], errs[i] = r.RunOnce(ctx)
+				results[i], errs[i] = runOnce(t, ctx, r)
 			}()
 		}
 		wg.Wait()

@@ -120,68 +120,14 @@ type Options struct {
 	// every marker, visit every lost-task candidate and every stale QUEUED
 	// row (run --once).
 	Once bool
-}
-
-// Result is what one pass did. Its JSON form is the output of
-// `jobreaper run --once --output json`.
-type Result struct {
-	// Scanned counts the active tasks listed, including entries without a
-	// task ID.
-	Scanned int `json:"scanned"`
-	// Reaped counts jobs this pass failed.
-	Reaped int `json:"reaped"`
-	// Skipped counts tasks left alone, by SkipReason.
-	Skipped map[string]int `json:"skipped"`
-	// Errors counts failures inside the pass: a queue that could not be
-	// listed, a batch that could not be loaded, a reap or a marker write
-	// that failed. Each is tried again next pass.
-	Errors int `json:"errors"`
-	// ReapedBy counts reaped jobs by failure reason: stalled, lost_task.
-	ReapedBy map[string]int `json:"reaped_by"`
-	// LostLimitTripped is true when the cycle over the lost-task
-	// candidates that ended this pass would have reaped more than
-	// MaxLostPerPass jobs, so it reaped none.
-	LostLimitTripped bool `json:"lost_limit_tripped"`
-	// StaleQueued counts QUEUED jobs older than StaleQueuedAfter whose
-	// task asynq will never run, among those this pass looked up.
-	StaleQueued int `json:"stale_queued"`
-	// BrokenActive counts entries of the active lists listed this pass
-	// whose task hash is gone or that have no lease (broken: asynq never
-	// runs nor recovers them; jobreaper never writes to them).
-	BrokenActive int `json:"broken_active"`
-	// MarkersRestored counts markers this pass wrote again: their write at
-	// the reap had failed, or they were lost since (failover, eviction).
-	MarkersRestored int `json:"markers_restored"`
-	// Interrupted is true when the pass was stopped before its end (its
-	// context cancelled: SIGTERM, Ctrl-C, Stop): what it did is counted,
-	// but it did not look at everything, and errors met after the stop
-	// are not counted.
-	Interrupted bool `json:"interrupted"`
-	// QueuesNotFound names the queues of the pass that asynq has never
-	// seen (not in asynq:queues), sorted: treated as empty, each one
-	// likely a typo in the queue list or a wrong Redis database.
-	QueuesNotFound []string `json:"queues_not_found"`
-	// Decisions are a dry run's decisions, one per job looked at; nil in a
-	// real pass.
-	Decisions []Decision `json:"-"`
-	// reapedSeries counts reaped jobs by reason, type and queue, for
-	// jobreaper_jobs_reaped_total.
-	reapedSeries map[reapSeries]int
-	// decided indexes Decisions by job ID.
-	decided map[string]int
-}
-
-// reapSeries labels one series of jobreaper_jobs_reaped_total.
-type reapSeries struct{ reason, typ, queue string }
-
-func newResult() Result {
-	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{jobs.ReasonStalled: 0, jobs.ReasonLostTask: 0}, reapedSeries: map[reapSeries]int{}}
-}
-
-func (r *Result) skip(reason SkipReason, n int) {
-	if n > 0 {
-		r.Skipped[string(reason)] += n
-	}
+	// RedisName names the Redis the pass reads, as host:port/db and never
+	// with a password, in the warning of a pass whose marker writes were
+	// held (default "the Redis this daemon reads").
+	RedisName string
+	// Suggest, when set, returns the name among known nearest to name
+	// when it is close enough to be a typo, else "": the did-you-mean of a
+	// queue asynq does not know (Result.QueueSuggestions).
+	Suggest func(name string, known []string) string
 }
 
 // Reaper runs passes, once (RunOnce) or in a loop (Start, Stop).
@@ -196,6 +142,7 @@ type Reaper struct {
 	reassert reassertState
 	lost     lostState
 	stale    staleState
+	badNames badQueueNames
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -245,8 +192,13 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	outcome := passOutcome(ctx, res, err)
 	res.Interrupted = outcome == outcomeCancelled
 	r.opts.Metrics.pass(res, end.Sub(start).Seconds(), outcome, float64(end.Unix()))
-	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped,
+	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped, "scanned_by", res.ScannedBy,
 		"errors", res.Errors, "duration_ms", end.Sub(start).Milliseconds()}
+	if outcome != outcomeCancelled && err == nil {
+		if e := res.CheckScanned(); e != nil {
+			r.log.Error(ScannedMismatchLog, "err", e)
+		}
+	}
 	switch {
 	case outcome == outcomeCancelled:
 		r.log.Info("pass stopped before its end (shutdown); not counted as a clean pass", attrs...)
@@ -305,21 +257,29 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 		}
 		queues = union(queues, named)
 	}
+	// A name no PostgreSQL text or metric label can hold is skipped.
+	queues = r.checkQueues(queues, &res)
+	// The queues live asynq servers serve, read once, on first need, by
+	// the marker hold and the lost-task search.
+	live := &liveServers{state: r.asynqState()}
 	// Markers whose write failed in an earlier pass (first, so that a
 	// write failing in this pass is not retried at once), then every
 	// marker of the last 7 days, a slice per pass, so that one lost to a
-	// failover or an eviction comes back within MarkerCheckWindow. A dry
-	// run writes none.
+	// failover or an eviction comes back within MarkerCheckWindow; both
+	// held while no live server serves a queue of the pass. A dry run
+	// writes none.
 	if !r.opts.DryRun {
-		tried := r.repairMarkers(ctx, now, &res)
-		r.reassertMarkers(ctx, now, tried, &res)
+		hold := &markerHold{queues: queues, live: live}
+		tried := r.repairMarkers(ctx, now, hold, &res)
+		r.reassertMarkers(ctx, now, tried, hold, &res)
+		r.warnMarkersHeld(hold, &res)
 	}
 	// Active tasks of every queue; a queue that fails is an error of this
 	// pass and none of its tasks or rows is touched.
 	ids, listed, noLease := r.scanActive(ctx, queues, now, &res)
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
-	r.reapLost(ctx, listed, ids, noLease, now, &res)
+	r.reapLost(ctx, listed, ids, noLease, live, now, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
 	return res, nil

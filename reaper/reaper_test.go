@@ -1,6 +1,7 @@
 package reaper_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -30,6 +31,8 @@ type fakeLister struct {
 	// dead names queues no live asynq server serves.
 	dead  map[string]bool
 	calls int
+	// liveCalls counts the reads of the live servers.
+	liveCalls int
 }
 
 func (f *fakeLister) TaskStatus(_ context.Context, _, id string) (queue.TaskStatus, error) {
@@ -138,9 +141,39 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
+// tWriter routes a reaper's log to t.Log, and fails the test when a pass
+// logs that its summary does not add up (reaper.ScannedMismatchLog): every
+// pass of the tests is checked that way.
 type tWriter struct{ t *testing.T }
 
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	scanGuard(w).Write(p)
+	return len(p), nil
+}
+
+// scanGuard fails the test when a pass logs reaper.ScannedMismatchLog; it
+// writes nothing anywhere, for the loggers of tests that keep their logs
+// in a buffer.
+type scanGuard struct{ t *testing.T }
+
+func (g scanGuard) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(reaper.ScannedMismatchLog)) {
+		g.t.Errorf("a pass's scanned tasks do not add up: %s", p)
+	}
+	return len(p), nil
+}
+
+// runOnce runs one pass of r and fails the test unless its summary adds up
+// (Result.CheckScanned).
+func runOnce(t *testing.T, ctx context.Context, r *reaper.Reaper) (reaper.Result, error) {
+	t.Helper()
+	res, err := r.RunOnce(ctx)
+	if cerr := res.CheckScanned(); cerr != nil {
+		t.Errorf("pass summary: %v", cerr)
+	}
+	return res, err
+}
 
 func (b *bundle) stalled(t *testing.T, id string) {
 	b.db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: "default",
@@ -164,7 +197,7 @@ func TestRunOnce(t *testing.T) {
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J5", "J12", "fresh", "odd", "ghost"}, EmptyIDs: 2}
 		before12, beforeFresh := b.db.Read(t, "J12"), b.db.Read(t, "fresh")
 
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +243,7 @@ func TestRunOnce(t *testing.T) {
 		b.stalled(t, "J2")
 		b.lister.queues["ok"] = queue.ActiveTasks{IDs: []string{"J1"}}
 		b.lister.failed["broken"] = errors.New("redis: i/o timeout")
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,7 +258,7 @@ func TestRunOnce(t *testing.T) {
 	t.Run("UnknownQueueIsEmptyWithWarningAndCounter", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(o *reaper.Options) { o.Queues = []string{"typo"} })
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Errors != 0 || res.Scanned != 0 || !slices.Equal(res.QueuesNotFound, []string{"typo"}) {
 			t.Fatalf("result = %+v, err = %v; want no error, nothing scanned, queues_not_found [typo]", res, err)
 		}
@@ -240,7 +273,7 @@ func TestRunOnce(t *testing.T) {
 		b.stalled(t, "J1")
 		b.lister.queues["a"] = queue.ActiveTasks{}
 		b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"J1"}}
-		if res, err := b.reaper.RunOnce(ctx); err != nil || res.Reaped != 0 || b.lister.calls != 1 {
+		if res, err := runOnce(t, ctx, b.reaper); err != nil || res.Reaped != 0 || b.lister.calls != 1 {
 			t.Fatalf("result = %+v, err = %v, list calls = %d", res, err, b.lister.calls)
 		}
 	})
@@ -252,7 +285,7 @@ func TestRunOnce(t *testing.T) {
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
 		r := reaper.New(b.db.Store(), b.lister, brokenMarkers{},
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
-		res, err := r.RunOnce(ctx)
+		res, err := runOnce(t, ctx, r)
 		if err != nil || res.Reaped != 1 || res.Errors != 1 {
 			t.Fatalf("result = %+v, err = %v; want reaped 1, errors 1", res, err)
 		}
@@ -265,7 +298,7 @@ func TestRunOnce(t *testing.T) {
 		counting := &countingMarkers{MarkerStore: b.markers}
 		r = reaper.New(b.db.Store(), b.lister, counting,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
-		if res, err := r.RunOnce(ctx); err != nil || res.Errors != 0 || res.Reaped != 0 {
+		if res, err := runOnce(t, ctx, r); err != nil || res.Errors != 0 || res.Reaped != 0 {
 			t.Fatalf("repair pass result = %+v, err = %v", res, err)
 		}
 		if v, err := b.redis.Get(queue.MarkerKey("J1")); err != nil || v != "1" {
@@ -277,7 +310,7 @@ func TestRunOnce(t *testing.T) {
 		if got := metricValue(t, b.reg, "jobreaper_markers_repaired_total", map[string]string{"cause": "write_failed"}); got != 1 {
 			t.Fatalf("jobreaper_markers_repaired_total = %v, want 1", got)
 		}
-		if _, err := r.RunOnce(ctx); err != nil || counting.sets != 1 {
+		if _, err := runOnce(t, ctx, r); err != nil || counting.sets != 1 {
 			t.Fatalf("marker writes after a third pass = %d (err %v), want still 1: a repaired marker is recorded", counting.sets, err)
 		}
 	})
@@ -288,7 +321,7 @@ func TestRunOnce(t *testing.T) {
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
 		b.db.Pool.Close()
-		res, err := b.reaper.RunOnce(ctx)
+		res, err := runOnce(t, ctx, b.reaper)
 		if !errors.Is(err, reaper.ErrPassFailed) || res.Reaped != 0 || b.lister.calls != 0 {
 			t.Fatalf("result = %+v, err = %v, list calls = %d; want ErrPassFailed before listing", res, err, b.lister.calls)
 		}
@@ -303,7 +336,7 @@ func TestRunOnce(t *testing.T) {
 		store := &progressingStore{Store: b.db.Store(), db: b.db, t: t}
 		r := reaper.New(store, b.lister, b.markers,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
-		res, err := r.RunOnce(ctx)
+		res, err := runOnce(t, ctx, r)
 		if err != nil || res.Reaped != 0 || res.Skipped["changed_since_read"] != 1 {
 			t.Fatalf("result = %+v, err = %v", res, err)
 		}
@@ -390,6 +423,7 @@ func (f *fakeLister) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]
 func (f *fakeLister) LiveQueues(context.Context) (map[string]bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.liveCalls++
 	live := map[string]bool{}
 	for q := range f.queues {
 		live[q] = !f.dead[q]

@@ -19,6 +19,7 @@ func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, 
 	}
 	snaps, err := r.store.LoadForTasks(ctx, batch)
 	if err != nil {
+		res.scannedAs(ScannedLoadFailed, len(batch))
 		r.failed(ctx, res, stageLoad, "loading a batch of job rows failed; its jobs are not reaped this pass, the other batches go on",
 			"tasks", len(batch), "err", err)
 		return
@@ -33,6 +34,7 @@ func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, 
 		r.decided(res, id, snap, v, jobs.ReasonStalled)
 		if !v.Reap {
 			res.skip(v.Skip, 1)
+			res.scannedAs(string(v.Skip), 1)
 			r.logSkip(id, snap, v, debug)
 			continue
 		}
@@ -45,9 +47,17 @@ func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, 
 // transactions of jobs.ReapBatchSize, then sets the markers of each batch
 // in one pipeline. A batch that fails (a deadlock, PostgreSQL down) is an
 // error of the pass and nothing of it was written: the next pass retries.
+// With reason stalled the jobs are scanned active tasks, and each one's
+// outcome is counted in Result.ScannedBy.
 func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason string, res *Result) {
+	scanned := func(outcome string, n int) {
+		if reason == jobs.ReasonStalled {
+			res.scannedAs(outcome, n)
+		}
+	}
 	if r.opts.DryRun {
 		r.wouldReap(stalled, reason, res)
+		scanned(jobs.ReasonStalled, len(stalled))
 		return
 	}
 	for start := 0; start < len(stalled); start += jobs.ReapBatchSize {
@@ -58,6 +68,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 			// By this host's clock the leader lease has lapsed (a pause, a
 			// slow pass): no reap starts until an attempt holds it again.
 			r.log.Warn("leader lease lapsed during the pass; no further reap this pass", "left", len(stalled)-start)
+			scanned(ScannedLeaseLapsed, len(stalled)-start)
 			return
 		}
 		batch := stalled[start:min(start+jobs.ReapBatchSize, len(stalled))]
@@ -72,14 +83,17 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 			r.failed(ctx, res, stageReap, "reap failed for one job (its on_failed cascade); the rest of its batch went on, this job is retried next pass",
 				"job_id", f.JobID, "err", f.Err)
 		}
+		scanned(ScannedReapFailed, len(out.Failed))
 		if errors.Is(err, jobs.ErrLeaderLeaseLost) {
 			// Not an error of the pass: the leader lease moved on, and the
 			// new leader reaps what is still stalled.
 			r.log.Warn("reap rolled back: this replica's leader lease lapsed before COMMIT; nothing of the batch was written",
 				"jobs", len(batch), "first_job_id", batch[0].ID)
+			scanned(ScannedLeaseLapsed, len(stalled)-start-len(out.Failed))
 			return
 		}
 		if err != nil {
+			scanned(ScannedReapFailed, len(batch)-len(out.Failed))
 			msg := "reap of a batch failed; nothing of it was written, retried next pass"
 			if errors.Is(err, jobs.ErrDeadlock) {
 				msg = "reap of a batch lost a deadlock (an operator cascade locks rows in another order); nothing of it was written, retried next pass"
@@ -91,11 +105,13 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 			res.skip(SkipChangedSinceRead, 1)
 			r.log.Info("job changed since the read; not reaped", "job_id", id)
 		}
+		scanned(string(SkipChangedSinceRead), len(out.Changed))
+		scanned(jobs.ReasonStalled, len(out.Reaped))
 		for _, j := range out.Reaped {
 			ev := j.Evidence
 			res.Reaped++
 			res.ReapedBy[reason]++
-			res.reapedSeries[reapSeries{reason, j.Type, queues[j.JobID]}]++
+			res.reapedSeries[reapSeries{reason, labelValue(j.Type), labelValue(queues[j.JobID])}]++
 			r.log.Info("job reaped", "job_id", j.JobID, "type", j.Type, "reason", reason,
 				"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
 				"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)

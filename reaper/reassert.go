@@ -56,7 +56,10 @@ type reassertState struct {
 // rest go on; a Redis-wide failure ends the slice, retried next pass.
 //
 // Jobs in tried (repairMarkers tried them this pass) are passed over.
-func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[string]bool, res *Result) {
+// While hold holds the pass's marker writes, the slice is read the same
+// way but nothing is written: the missing markers are counted in
+// Result.MarkersHeld, and the next cycle looks at them again.
+func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[string]bool, hold *markerHold, res *Result) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -96,7 +99,7 @@ func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[s
 			r.failed(ctx, res, stageLoad, "reading reaped jobs for marker re-assertion failed; retried next pass", "err", err)
 			return
 		}
-		done, ok := r.reassertPage(ctx, page, now, tried, res)
+		done, ok := r.reassertPage(ctx, page, now, tried, hold, res)
 		if done > 0 {
 			last := page[done-1]
 			st.cursor = jobs.ReapedCursor{ReapedAt: last.ReapedAt, ID: last.JobID}
@@ -131,15 +134,22 @@ func sliceOf(remaining, passes int) int {
 }
 
 // reassertPage runs the compare-and-set for one page of reaped jobs in one
-// pipeline. It returns how many jobs of the page were dealt with (all of
-// them unless Redis failed as a whole) and false when the slice must end.
-func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.Time, tried map[string]bool, res *Result) (int, bool) {
+// pipeline, or, while hold holds the writes, counts the missing markers.
+// It returns how many jobs of the page were dealt with (all of them
+// unless Redis failed as a whole) and false when the slice must end.
+func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.Time, tried map[string]bool, hold *markerHold, res *Result) (int, bool) {
 	writes := make([]queue.MarkerWrite, len(page))
 	for i, j := range page {
 		writes[i] = queue.MarkerWrite{JobID: j.JobID, Generation: j.Generation, TTL: queue.MarkerRemaining(j.ReapedAt, now)}
 		if tried[j.JobID] {
 			writes[i].TTL = 0 // SetMany sends nothing for it
 		}
+	}
+	if len(page) > 0 && r.markersHeld(ctx, hold, res) {
+		if !r.countHeld(ctx, writes, res) {
+			return 0, false
+		}
+		return len(page), true
 	}
 	var results []queue.MarkerResult
 	if rm, ok := r.markers.(ReassertMarkers); ok {

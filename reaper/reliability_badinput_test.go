@@ -107,7 +107,7 @@ func TestReliabilityBadInput_Pass(t *testing.T) {
 			b.lister.queues["default"] = queue.ActiveTasks{IDs: append([]string{"control"}, active...), EmptyIDs: empty}
 			before := readTables(t, b.db)
 
-			res, err := b.reaper.RunOnce(ctx)
+			res, err := runOnce(t, ctx, b.reaper)
 			if err != nil {
 				t.Fatalf("RunOnce: %v", err)
 			}

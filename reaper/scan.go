@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
@@ -69,12 +70,14 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 	// a binary search each, no set beside the list: a map of 100,000 IDs
 	// cost 5 to 8 MiB of the process's peak RSS).
 	load := func(batch []string) {
+		listed := len(batch)
 		slices.Sort(batch)
 		batch = slices.Compact(batch)
 		batch = slices.DeleteFunc(batch, func(id string) bool {
 			_, loaded := slices.BinarySearch(ids, id)
 			return loaded
 		})
+		res.scannedAs(ScannedDuplicate, listed-len(batch))
 		if len(batch) == 0 {
 			return
 		}
@@ -96,6 +99,7 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 		}
 		res.BrokenActive += c.EmptyIDs + len(c.NoLease)
 		res.Scanned += len(c.NoLease)
+		res.scannedAs(ScannedNoLease, len(c.NoLease))
 		sc.noLease = append(sc.noLease, c.NoLease...)
 		for _, id := range c.NoLease {
 			noLease[id] = true
@@ -103,14 +107,15 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 		if c.NotFound {
 			r.opts.Metrics.queueMissing(q)
 			res.QueuesNotFound = append(res.QueuesNotFound, q)
-			r.log.Warn("queue not known to asynq; treated as empty (is the name a typo?)", "queue", q)
 		} else {
 			res.Scanned += len(c.IDs) + c.EmptyIDs
 			res.skip(SkipNoJobID, c.EmptyIDs)
+			res.scannedAs(string(SkipNoJobID), c.EmptyIDs)
 			sc.emptyIDs += c.EmptyIDs
 			sc.broken = append(sc.broken, c.Broken...)
 			kept, bad := splitBadIDs(c.IDs)
 			res.skip(SkipBadJobID, len(bad))
+			res.scannedAs(string(SkipBadJobID), len(bad))
 			sc.bad = append(sc.bad, bad...)
 			pending = append(pending, kept...)
 			for len(pending) >= r.opts.LoadBatch {
@@ -128,8 +133,51 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 	if len(pending) > 0 {
 		load(pending)
 	}
-	slices.Sort(res.QueuesNotFound)
+	r.warnQueuesNotFound(ctx, res)
 	return ids, listed, noLease
+}
+
+// warnQueuesNotFound sorts Result.QueuesNotFound and warns about each
+// queue in it, with a did-you-mean among the queues asynq knows in that
+// Redis when one is close (Options.Suggest; asynq's queue list is read
+// once, only when a queue was not found).
+func (r *Reaper) warnQueuesNotFound(ctx context.Context, res *Result) {
+	if len(res.QueuesNotFound) == 0 {
+		return
+	}
+	slices.Sort(res.QueuesNotFound)
+	var known []string
+	if r.opts.Suggest != nil && ctx.Err() == nil {
+		all, err := r.lister.Queues(ctx)
+		if err != nil {
+			r.log.Warn("reading asynq's queue list for a did-you-mean failed", "err", err)
+		}
+		for _, q := range all {
+			if jobs.CheckName("queue name", q) == nil {
+				known = append(known, q)
+			}
+		}
+	}
+	for _, q := range res.QueuesNotFound {
+		attrs := []any{"queue", q}
+		if near := r.suggest(q, known); near != "" {
+			if res.QueueSuggestions == nil {
+				res.QueueSuggestions = map[string]string{}
+			}
+			res.QueueSuggestions[q] = near
+			attrs = append(attrs, "did_you_mean", near)
+		}
+		r.log.Warn("queue not known to asynq; treated as empty (is the name a typo, or the Redis database a wrong one?)", attrs...)
+	}
+}
+
+// suggest returns Options.Suggest's answer for q among known, "" without
+// one.
+func (r *Reaper) suggest(q string, known []string) string {
+	if r.opts.Suggest == nil || len(known) == 0 {
+		return ""
+	}
+	return r.opts.Suggest(q, known)
 }
 
 // mergeSorted merges b into a, both sorted and with no ID in common, in

@@ -45,7 +45,7 @@ func TestAnIDListedTwiceIsLoadedAndJudgedOnce(t *testing.T) {
 		store := &loadCountingStore{Store: b.db.Store(), loads: map[string]int{}}
 		r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 			Queues: []string{"a", "b"}, LoadBatch: batch})
-		res, err := r.RunOnce(context.Background())
+		res, err := runOnce(t, context.Background(), r)
 		if err != nil || res.Reaped != 1 || res.Skipped[string(reaper.SkipWithinLimit)] != 1 || res.Skipped[string(reaper.SkipNoRow)] != 1 ||
 			res.Skipped[string(reaper.SkipChangedSinceRead)] != 0 || res.Errors != 0 {
 			t.Fatalf("load batch %d: pass = %+v, %v; want J1 reaped once, J2 within_limit once, J3 no_row once", batch, res, err)
@@ -75,7 +75,7 @@ func TestCopiesListedOutOfOrderAreLoadedOnce(t *testing.T) {
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: listed}
 	store := &loadCountingStore{Store: b.db.Store(), loads: map[string]int{}}
 	r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), LoadBatch: 2})
-	res, err := r.RunOnce(context.Background())
+	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Reaped != 6 || res.ReapedBy["stalled"] != 6 || res.ReapedBy["lost_task"] != 0 || res.Errors != 0 {
 		t.Fatalf("pass = %+v, %v; want the 6 jobs reaped as stalled", res, err)
 	}

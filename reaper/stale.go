@@ -81,7 +81,7 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 			if s := statuses[i]; s.WillRun() && s != queue.TaskQueueNotFound {
 				continue
 			}
-			st.counts[row.Queue]++
+			st.counts[labelValue(row.Queue)]++
 			res.StaleQueued++
 			if len(sample) < brokenSampleMax {
 				sample = append(sample, row.ID)

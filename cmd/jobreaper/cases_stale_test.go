@@ -78,6 +78,7 @@ func TestCase_B28_TaskArchivedBeforeAnyMiddlewareRan(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil || sum.StaleQueued != 2 {
 		t.Fatalf("summary %s (%v): want stale_queued 2", r.stdout, err)
 	}
+	requireScannedAddsUp(t, r.stdout)
 	if !strings.Contains(r.stderr, "stale QUEUED jobs") || !strings.Contains(r.stderr, "count=2") ||
 		!strings.Contains(r.stderr, j28) || !strings.Contains(r.stderr, taskless) {
 		t.Fatalf("no warning with the count and the job IDs:\n%s", r.stderr)

@@ -43,6 +43,12 @@ func TestRunOnceDryRun(t *testing.T) {
 	if doc.Scanned != 2 || doc.Reaped != 1 || doc.Skipped["within_limit"] != 1 || len(doc.Decisions) != 2 {
 		t.Fatalf("dry run = %+v", doc)
 	}
+	// The dry run accounts for every scanned task as a real pass does:
+	// the job it would reap as stalled.
+	requireScannedAddsUp(t, r.stdout)
+	if !strings.Contains(r.stdout, `"scanned_by":{"stalled":1,"within_limit":1}`) {
+		t.Fatalf("dry run JSON lacks scanned_by:\n%s", r.stdout)
+	}
 	// Empty lists and maps are [] and {}, as in a real pass's summary.
 	if !strings.Contains(r.stdout, `"queues_not_found":[]`) || !strings.Contains(r.stdout, `"lost_task":0`) {
 		t.Fatalf("dry run JSON has null where a real pass has [] or a reason missing:\n%s", r.stdout)

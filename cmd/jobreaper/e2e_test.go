@@ -143,14 +143,20 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	var got struct {
 		Scanned, Reaped, Errors int
 		Skipped                 map[string]int
-		MarkersRestored         int            `json:"markers_restored"`
-		ReapedBy                map[string]int `json:"reaped_by"`
-		StaleQueued             int            `json:"stale_queued"`
-		BrokenActive            int            `json:"broken_active"`
-		LostLimitTripped        bool           `json:"lost_limit_tripped"`
-		Interrupted             bool           `json:"interrupted"`
-		QueuesNotFound          []string       `json:"queues_not_found"`
+		MarkersRestored         int               `json:"markers_restored"`
+		ReapedBy                map[string]int    `json:"reaped_by"`
+		StaleQueued             int               `json:"stale_queued"`
+		BrokenActive            int               `json:"broken_active"`
+		LostLimitTripped        bool              `json:"lost_limit_tripped"`
+		Interrupted             bool              `json:"interrupted"`
+		QueuesNotFound          []string          `json:"queues_not_found"`
+		ScannedBy               map[string]int    `json:"scanned_by"`
+		BadQueueNames           int               `json:"bad_queue_names"`
+		MarkersHeld             int               `json:"markers_held"`
+		QueueSuggestions        map[string]string `json:"queues_did_you_mean"`
 	}
+	requireScannedAddsUp(t, stdout.String())
+	requireNoScanMismatch(t, stderr.String())
 	dec := json.NewDecoder(strings.NewReader(stdout.String()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&got); err != nil {
@@ -281,6 +287,8 @@ func TestEndToEnd_RunOnceReapsJobWhoseTaskAsynqWillNeverRun(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil || code != 0 {
 		t.Fatalf("exit %d, stdout %q (%v)", code, stdout.String(), err)
 	}
+	requireScannedAddsUp(t, stdout.String())
+	requireNoScanMismatch(t, stderr.String())
 	if got.Scanned != 0 || got.Reaped != 1 || got.Errors != 0 || got.Skipped["awaiting_retry"] != 1 {
 		t.Fatalf("summary = %+v, want reaped 1 and awaiting_retry 1", got)
 	}

@@ -30,11 +30,14 @@ type serviceFault struct {
 // with a pass every second. Every pass re-asserts every marker of the last
 // 7 days (--marker-check-window equal to --interval), so that a marker is
 // due after the next good pass whatever the fault did to its first write.
-// The leader lease and cancel on reap are on, as in a sidecar.
-func startFaultDaemon(t *testing.T, f *faultFixture, databaseURL, redisURL string) *daemon {
+// The leader lease and cancel on reap are on, as in a sidecar, and a live
+// asynq server serves a queue of the daemon's (serveLiveQueue), as the
+// workers a sidecar runs beside do.
+func startFaultDaemon(t *testing.T, f *faultFixture, rdb redis.UniversalClient, databaseURL, redisURL string) *daemon {
 	t.Helper()
+	serveLiveQueue(t, rdb)
 	d := startDaemon(t, "--database-url", databaseURL, "--schema", f.db.Schema, "--redis-url", redisURL,
-		"--queues", faultQueue, "--config", f.config, "--interval", "1s", "--marker-check-window", "1s",
+		"--queues", faultQueues, "--config", f.config, "--interval", "1s", "--marker-check-window", "1s",
 		"--stall-timeout", "11m", "--op-timeout", "2s")
 	logTailOnFailure(t, d.stderr)
 	return d
@@ -98,6 +101,9 @@ func runServiceFaults(t *testing.T, rng *rand.Rand, f *faultFixture, rdb redis.U
 			after["ok"]-before["ok"], after["errors"]-before["errors"], after["failed"]-before["failed"], after["cancelled"]-before["cancelled"], recovered.Round(time.Millisecond))
 		what := fmt.Sprintf("%s round %d", fault.figure, round)
 		violations += f.checkReaps(t, what) + f.checkMarkers(t, rdb, like, what)
+		// Every pass that was not interrupted accounted for each task it
+		// scanned (the daemon logs an ERROR otherwise).
+		requireNoScanMismatch(t, d.stderr.String())
 		if n := f.lost(t, like, faultJobsPerRound); n != 0 {
 			t.Errorf("after %s: %d job rows lost", what, n)
 			lost += n
@@ -117,7 +123,7 @@ func TestReliabilityFaults_PostgreSQLConnectionsCutMidPass(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	proxy, url := proxyPostgres(t, f.db.URL)
-	d := startFaultDaemon(t, f, url, srv.URL)
+	d := startFaultDaemon(t, f, rdb, url, srv.URL)
 	runServiceFaults(t, rng, f, rdb, d, serviceFault{figure: "pg_cut", down: proxy.cut, up: proxy.restore})
 }
 
@@ -133,7 +139,7 @@ func TestReliabilityFaults_RedisStoppedMidPass(t *testing.T) {
 	f := newFaultFixture(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	d := startFaultDaemon(t, f, f.db.URL, srv.URL)
+	d := startFaultDaemon(t, f, rdb, f.db.URL, srv.URL)
 	runServiceFaults(t, rng, f, rdb, d, serviceFault{figure: "redis_stop",
 		down: func() { srv.Stop(t) }, up: func() { srv.Restart(t) }})
 }

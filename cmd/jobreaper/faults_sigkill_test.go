@@ -16,6 +16,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue/redistest"
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // The reaper binary (built once for the test) is killed with SIGKILL at a
@@ -40,8 +41,9 @@ func TestReliabilityFaults_ReaperSIGKILLMidPass(t *testing.T) {
 	f := newFaultFixture(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
+	serveLiveQueue(t, rdb)
 	args := []string{"run", "--once", "--output", "json", "--config", f.config, "--database-url", f.db.URL,
-		"--schema", f.db.Schema, "--redis-url", srv.URL, "--queues", faultQueue}
+		"--schema", f.db.Schema, "--redis-url", srv.URL, "--queues", faultQueues}
 
 	landed, violations, lost := 0, 0, 0
 	defer func() {
@@ -58,10 +60,14 @@ func TestReliabilityFaults_ReaperSIGKILLMidPass(t *testing.T) {
 		start := time.Now()
 		err := cmd.Run()
 		took := time.Since(start)
-		var sum struct{ Reaped, Errors int }
+		var sum reaper.Result
 		if jerr := json.Unmarshal(stdout.Bytes(), &sum); err != nil || jerr != nil || sum.Errors != 0 {
 			t.Fatalf("good pass %s: %v, summary %q (%v)\n%s", what, err, stdout.String(), jerr, stderr.String())
 		}
+		if cerr := sum.CheckScanned(); cerr != nil {
+			t.Fatalf("good pass %s: %v", what, cerr)
+		}
+		requireNoScanMismatch(t, stderr.String())
 		return took
 	}
 	// check runs the checks due after a round's good pass.

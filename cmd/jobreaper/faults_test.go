@@ -11,6 +11,7 @@ package main
 // "faults" (jobstest.Figure).
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
@@ -96,6 +98,38 @@ func faultRand(t *testing.T) *rand.Rand {
 	t.Logf("fault seed %d: replay with %s=%d go test -race -run '^%s$' ./cmd/jobreaper/", seed, envFaultSeed, seed, t.Name())
 	jobstest.Figure(t, faultSuite, "seed", fmt.Sprintf("%s=%d", t.Name(), seed))
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// faultLiveQueue is a queue a live asynq server serves in the Redis of a
+// fault test whose passes repair or re-assert markers: marker writes are
+// held while no live server serves a queue of the pass (a wrong Redis
+// looks the same). The stalled jobs' own queue cannot be the served one:
+// a server would take the tasks queuetest.MakeActive moves.
+const faultLiveQueue = "faults-live"
+
+// faultQueues is the daemon's --queues of such a test.
+const faultQueues = faultQueue + "," + faultLiveQueue
+
+// serveLiveQueue runs an asynq server serving faultLiveQueue on rdb,
+// stopped at cleanup, enqueues one task there (asynq knows a queue from its
+// first enqueue), and waits until the server is live.
+func serveLiveQueue(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{faultLiveQueue: 1},
+		LogLevel: asynq.FatalLevel, ShutdownTimeout: time.Second})
+	if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(t.Context(), asynq.NewTask("noop", nil),
+		asynq.Queue(faultLiveQueue)); err != nil {
+		t.Fatal(err)
+	}
+	reader := queue.NewStatusReader(rdb, 0)
+	waitUntil(t, faultWait, "a live asynq server serves "+faultLiveQueue, func() bool {
+		live, err := reader.LiveQueues(t.Context())
+		return err == nil && live[faultLiveQueue]
+	})
 }
 
 // between returns a duration drawn uniformly from [lo, hi).

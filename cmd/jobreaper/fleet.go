@@ -147,7 +147,7 @@ func printDryRun(w io.Writer, res reaper.Result, output string) error {
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}
-	return printResult(w, res, outputText)
+	return printResult(w, res, outputText, "")
 }
 
 func secs(s float64) string {

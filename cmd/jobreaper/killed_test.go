@@ -141,6 +141,7 @@ func TestKilledWorker_LostTaskIsReapedOnceWithItsCascade(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
 			t.Fatal(err)
 		}
+		requireScannedAddsUp(t, r.stdout)
 		return doc
 	}
 	// Before the stall rule holds nothing is reaped.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 func TestMain(m *testing.M) {
@@ -71,7 +73,18 @@ func run(t *testing.T, args ...string) result {
 	var stdout, stderr bytes.Buffer
 	code := execute(t.Context(), args, &stdout, &stderr)
 	t.Logf("jobreaper %s -> exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	requireNoScanMismatch(t, stderr.String())
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// requireNoScanMismatch fails the test when a pass of the log logged that
+// its scanned tasks do not add up (reaper.ScannedMismatchLog): every pass
+// a command runs in the tests is checked that way.
+func requireNoScanMismatch(t *testing.T, log string) {
+	t.Helper()
+	if strings.Contains(log, reaper.ScannedMismatchLog) {
+		t.Errorf("a pass's summary does not add up; the log:\n%s", log)
+	}
 }
 
 // requireExit fails the test unless r exited with code.

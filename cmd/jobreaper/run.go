@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/hibiken/asynq"
@@ -45,12 +49,19 @@ Redis checks succeeded, 503 naming the failing one). A failed pass is
 logged and the next one runs.
 
 run --once runs one pass, prints what it did on stdout and exits 0 if the
-pass was clean, 1 if it counted errors, 2 if it could not run. With
---output json, stdout is exactly one JSON document: the summary
+pass was clean, 1 if it counted errors or held marker writes
+(markers_held > 0: no live asynq server serves a queue of the pass in that
+Redis, a wrong --redis-url looks the same, so no marker was written
+there), 2 if it could not run (also, with --strict-queues, when a queue of
+--queues is not known to asynq: the message names it with a did-you-mean).
+With --output json, stdout is exactly one JSON document: the summary
 {"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
 "lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
-"interrupted":false,"queues_not_found":[...]} (interrupted: a signal stopped the
-pass before its end, exit 1), or, when the command
+"interrupted":false,"queues_not_found":[...],"scanned_by":{...},"bad_queue_names":N,
+"markers_held":N,"queues_did_you_mean":{...}} (interrupted: a signal stopped the
+pass before its end, exit 1; scanned_by: every scanned active task by outcome,
+adding up to scanned; bad_queue_names: queue names no PostgreSQL text or
+metric label can hold, skipped), or, when the command
 could not run once its flags were read (exit 2), {"error":"<message>"} with
 the message also on stderr. --output applies to --once only.
 Logs always go to stderr.`,
@@ -114,6 +125,7 @@ func (a *app) printJSONError(err error) {
 // deps are what a pass runs on; close releases them.
 type deps struct {
 	reaper *reaper.Reaper
+	lister reaper.Lister
 	pool   *pgxpool.Pool
 	rdb    redis.UniversalClient
 	close  func()
@@ -170,6 +182,9 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		StaleQueuedAfter:   cfg.StaleQueuedAfter,
 		StaleQueuedLookups: cfg.StaleQueuedLookupsPerPass,
 		Asynq:              queue.NewStatusReader(rdb, cfg.OpTimeout),
+
+		RedisName: redisName(cfg.RedisURL),
+		Suggest:   config.Closest,
 	}
 	if mode.daemon {
 		opts.StartJitter = cfg.StartJitter
@@ -181,7 +196,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		closeAll()
 		return nil, cannotRun("%v", err)
 	}
-	return &deps{reaper: reaper.New(store, lister, markers, opts), pool: pool, rdb: rdb, close: closeAll}, nil
+	return &deps{reaper: reaper.New(store, lister, markers, opts), lister: lister, pool: pool, rdb: rdb, close: closeAll}, nil
 }
 
 // runOnce runs one pass and prints its summary on stdout. It never waits
@@ -189,39 +204,107 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, output string, mode runMode) error {
 	// A manual pass neither takes, waits for, nor checks the leader lease.
 	mode.leaderLease, mode.daemon = false, false
+	redis := redisName(cfg.RedisURL)
 	d, err := connect(ctx, cfg, log, mode)
 	if err != nil && ctx.Err() != nil {
 		// A signal during start-up, not a server or setting at fault: the
 		// pass was stopped before it began.
-		return a.stoppedOnce(log, reaper.Result{Interrupted: true}, output, mode)
+		return a.stoppedOnce(log, reaper.Result{Interrupted: true}, output, mode, redis)
 	}
 	if err != nil {
 		return err
 	}
 	defer d.close()
+	if cfg.StrictQueues {
+		if err := checkQueuesKnown(ctx, d.lister, cfg.Queues, redis); err != nil {
+			return err
+		}
+	}
 	res, err := d.reaper.RunOnce(ctx)
 	switch {
 	case res.Interrupted:
 		// Also when the stop came before the pass could list anything
 		// (err set): a stopped pass, not one that could not run.
-		return a.stoppedOnce(log, res, output, mode)
+		return a.stoppedOnce(log, res, output, mode, redis)
 	case err != nil:
 		return cannotRun("the pass could not run: %v; check that PostgreSQL and Redis are reachable and see the log above", err)
 	}
-	if err := a.printSummary(res, output, mode); err != nil {
+	if err := a.printSummary(res, output, mode, redis); err != nil {
 		return err
 	}
-	if res.Errors > 0 {
+	// Held marker writes are not clean: the markers a reaped job's late
+	// retry is refused by are missing there, or the Redis is the wrong one.
+	if res.Errors > 0 || res.MarkersHeld > 0 {
 		return &exitError{code: exitPassErrors}
 	}
 	return nil
 }
 
+// checkQueuesKnown returns, for --strict-queues, an exit-2 error naming
+// each queue of queues that asynq does not know in the Redis the lister
+// reads (named redis), each with a did-you-mean among the queues it
+// knows; nil when every one is known, or when queues is empty (every
+// queue). Nothing is written before it.
+func checkQueuesKnown(ctx context.Context, lister reaper.Lister, queues []string, redis string) error {
+	if len(queues) == 0 {
+		return nil
+	}
+	all, err := lister.Queues(ctx)
+	if err != nil {
+		return cannotRun("--strict-queues: reading asynq's queue list in Redis %s failed: %v", redis, err)
+	}
+	known := slices.DeleteFunc(all, func(q string) bool { return jobs.CheckName("queue name", q) != nil })
+	var unknown []string
+	for _, q := range queues {
+		if slices.Contains(known, q) {
+			continue
+		}
+		name := strconv.Quote(q)
+		if near := config.Closest(q, known); near != "" {
+			name += fmt.Sprintf(" (did you mean %q?)", near)
+		}
+		unknown = append(unknown, name)
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	return cannotRun("queue %s not known to asynq in Redis %s; --strict-queues refuses to run with an unknown queue: "+
+		"fix --queues (JOBREAPER_QUEUES) or --redis-url (JOBREAPER_REDIS_URL)", strings.Join(unknown, ", "), redis)
+}
+
+// redisName names the Redis of a redis_url for logs and messages, never
+// with its user or password: host:port/db (port 6379 when the URL has
+// none, database 0 when it names none); a Sentinel URL by its first
+// sentinel's address and database with the master's name, a Cluster URL
+// by its first node, a unix:// URL by its socket path and database.
+func redisName(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(a redis_url that does not parse)"
+	}
+	q := u.Query()
+	if u.Scheme == "unix" {
+		return "unix:" + u.Path + " db " + cmp.Or(q.Get("db"), "0")
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "6379")
+	}
+	db := cmp.Or(strings.Trim(u.Path, "/"), "0")
+	switch {
+	case q.Has("master_name"):
+		return fmt.Sprintf("%s/%s (Sentinel, master %s)", host, db, q.Get("master_name"))
+	case q.Has("addr"):
+		return host + " (Cluster)"
+	}
+	return host + "/" + db
+}
+
 // stoppedOnce prints the summary of a pass a signal stopped before its
 // end (res.Interrupted) and returns its exit-1 error: what it did is in the
 // summary, but it did not look at everything, so it is not clean.
-func (a *app) stoppedOnce(log *slog.Logger, res reaper.Result, output string, mode runMode) error {
-	if err := a.printSummary(res, output, mode); err != nil {
+func (a *app) stoppedOnce(log *slog.Logger, res reaper.Result, output string, mode runMode, redis string) error {
+	if err := a.printSummary(res, output, mode, redis); err != nil {
 		return err
 	}
 	log.Warn("the pass was stopped by a signal before its end; run it again", "component", "main")
@@ -229,13 +312,13 @@ func (a *app) stoppedOnce(log *slog.Logger, res reaper.Result, output string, mo
 }
 
 // printSummary prints res (a dry run's with its decisions) in output's
-// format.
-func (a *app) printSummary(res reaper.Result, output string, mode runMode) error {
+// format; redis names the Redis the pass read.
+func (a *app) printSummary(res reaper.Result, output string, mode runMode, redis string) error {
 	var err error
 	if mode.dryRun {
 		err = printDryRun(a.stdout, res, output)
 	} else {
-		err = printResult(a.stdout, res, output)
+		err = printResult(a.stdout, res, output, redis)
 	}
 	if err != nil {
 		return cannotRun("writing the summary: %v", err)
@@ -248,6 +331,12 @@ func (a *app) printSummary(res reaper.Result, output string, mode runMode) error
 func forScripts(res reaper.Result) reaper.Result {
 	if res.Skipped == nil {
 		res.Skipped = map[string]int{}
+	}
+	if res.ScannedBy == nil {
+		res.ScannedBy = map[string]int{}
+	}
+	if res.QueueSuggestions == nil {
+		res.QueueSuggestions = map[string]string{}
 	}
 	res.ReapedBy = maps.Clone(res.ReapedBy)
 	if res.ReapedBy == nil {
@@ -262,8 +351,9 @@ func forScripts(res reaper.Result) reaper.Result {
 	return res
 }
 
-// printResult writes res as one JSON document or as one human line.
-func printResult(w io.Writer, res reaper.Result, output string) error {
+// printResult writes res as one JSON document or as one human line; the
+// line names redis (the Redis the pass read) when marker writes were held.
+func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	res = forScripts(res)
 	if output == outputJSON {
 		return json.NewEncoder(w).Encode(res)
@@ -293,8 +383,22 @@ func printResult(w io.Writer, res reaper.Result, output string) error {
 		}
 	}
 	if len(res.QueuesNotFound) > 0 {
+		names := make([]string, len(res.QueuesNotFound))
+		for i, q := range res.QueuesNotFound {
+			names[i] = q
+			if near := res.QueueSuggestions[q]; near != "" {
+				names[i] += fmt.Sprintf(" (did you mean %q?)", near)
+			}
+		}
 		line += fmt.Sprintf(", queues not known to asynq %s (treated as empty: a typo, or the wrong Redis database?)",
-			strings.Join(res.QueuesNotFound, " "))
+			strings.Join(names, " "))
+	}
+	if res.BadQueueNames > 0 {
+		line += fmt.Sprintf(", bad_queue_names %d (skipped: no PostgreSQL text or metric label can hold them; see the log)", res.BadQueueNames)
+	}
+	if res.MarkersHeld > 0 {
+		line += fmt.Sprintf(", markers_held %d (not written: no live asynq server serves a queue of this pass in Redis %s; "+
+			"the wrong --redis-url?)", res.MarkersHeld, cmp.Or(redis, "the Redis read"))
 	}
 	if res.LostLimitTripped {
 		line += ", lost_limit_tripped (no lost_task reaped: more than max_lost_per_pass; see the log)"

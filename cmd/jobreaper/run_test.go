@@ -33,7 +33,8 @@ func onceArgs(db *jobstest.DB, queue string, extra ...string) []string {
 }
 
 // requireOneJSONResult fails unless stdout is exactly one JSON object with
-// the keys scanned, reaped, skipped and errors, and returns it.
+// the summary's keys whose scanned tasks add up (reaper.Result's
+// CheckScanned), and returns it.
 func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessage {
 	t.Helper()
 	dec := json.NewDecoder(strings.NewReader(stdout))
@@ -49,11 +50,26 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	const want = "broken_active,errors,interrupted,lost_limit_tripped,markers_restored,queues_not_found,reaped,reaped_by,scanned,skipped,stale_queued"
+	const want = "bad_queue_names,broken_active,errors,interrupted,lost_limit_tripped,markers_held,markers_restored," +
+		"queues_did_you_mean,queues_not_found,reaped,reaped_by,scanned,scanned_by,skipped,stale_queued"
 	if strings.Join(keys, ",") != want {
 		t.Fatalf("keys %v, want %s", keys, want)
 	}
+	requireScannedAddsUp(t, stdout)
 	return doc
+}
+
+// requireScannedAddsUp fails unless the run --once summary (or dry-run
+// document) in stdout accounts for every scanned task in scanned_by.
+func requireScannedAddsUp(t *testing.T, stdout string) {
+	t.Helper()
+	var res reaper.Result
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+		t.Fatalf("stdout is not a summary: %v\n%s", err, stdout)
+	}
+	if err := res.CheckScanned(); err != nil {
+		t.Fatalf("summary %s: %v", stdout, err)
+	}
 }
 
 func TestRunOnce(t *testing.T) {
@@ -378,7 +394,7 @@ func TestSummarySaysInterrupted(t *testing.T) {
 	t.Parallel()
 	res := reaper.Result{Scanned: 4, Reaped: 1, Interrupted: true}
 	var js bytes.Buffer
-	if err := printResult(&js, res, outputJSON); err != nil {
+	if err := printResult(&js, res, outputJSON, ""); err != nil {
 		t.Fatal(err)
 	}
 	doc := requireOneJSONResult(t, js.String())
@@ -386,7 +402,7 @@ func TestSummarySaysInterrupted(t *testing.T) {
 		t.Fatalf("interrupted = %s, want true:\n%s", got, js.String())
 	}
 	var text bytes.Buffer
-	if err := printResult(&text, res, outputText); err != nil {
+	if err := printResult(&text, res, outputText, ""); err != nil {
 		t.Fatal(err)
 	}
 	if want := ", interrupted (a signal stopped the pass before its end: run it again), errors 0"; !strings.Contains(text.String(), want) {
@@ -394,7 +410,7 @@ func TestSummarySaysInterrupted(t *testing.T) {
 	}
 	text.Reset()
 	res.Interrupted = false
-	if err := printResult(&text, res, outputText); err != nil {
+	if err := printResult(&text, res, outputText, ""); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(text.String(), "interrupted") {
@@ -442,5 +458,54 @@ func TestDaemonStoppedDuringStartUpExitsCleanly(t *testing.T) {
 	if code != exitOK || stdout.Len() != 0 || !strings.Contains(stderr.String(), "jobreaper stopped during start-up") ||
 		strings.Contains(stderr.String(), "cannot connect") {
 		t.Fatalf("exit code %d (want 0), stdout %q, stderr:\n%s", code, stdout.String(), stderr.String())
+	}
+}
+
+// The text summary names skipped queue names and held marker writes (with
+// the Redis) only when there are some; the JSON always has their counts.
+func TestSummaryCountsBadQueueNamesAndHeldMarkers(t *testing.T) {
+	t.Parallel()
+	res := reaper.Result{Scanned: 1, ScannedBy: map[string]int{"no_row": 1}, BadQueueNames: 2, MarkersHeld: 3}
+	var js bytes.Buffer
+	if err := printResult(&js, res, outputJSON, "10.0.0.5:6379/8"); err != nil {
+		t.Fatal(err)
+	}
+	doc := requireOneJSONResult(t, js.String())
+	if string(doc["bad_queue_names"]) != "2" || string(doc["markers_held"]) != "3" || string(doc["scanned_by"]) != `{"no_row":1}` {
+		t.Fatalf("JSON summary %s, want bad_queue_names 2, markers_held 3, scanned_by {no_row: 1}", js.String())
+	}
+	var text bytes.Buffer
+	if err := printResult(&text, res, outputText, "10.0.0.5:6379/8"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{", bad_queue_names 2 (", ", markers_held 3 (", "in Redis 10.0.0.5:6379/8"} {
+		if !strings.Contains(text.String(), want) {
+			t.Fatalf("text summary lacks %q:\n%s", want, text.String())
+		}
+	}
+	text.Reset()
+	if err := printResult(&text, reaper.Result{}, outputText, "10.0.0.5:6379/8"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(text.String(), "bad_queue_names") || strings.Contains(text.String(), "markers_held") {
+		t.Fatalf("a summary with neither names them:\n%s", text.String())
+	}
+}
+
+// redisName names a Redis as host:port/db, never with its password.
+func TestRedisName(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		"redis://127.0.0.1:6379/8":                   "127.0.0.1:6379/8",
+		"redis://:s3cret@cache.internal/2":           "cache.internal:6379/2",
+		"rediss://user:s3cret@cache:6380":            "cache:6380/0",
+		"redis://:s3cret@[::1]:6379/3":               "[::1]:6379/3",
+		"redis://:s3cret@s1:26379/1?master_name=mym": "s1:26379/1 (Sentinel, master mym)",
+		"redis://:s3cret@n1:7000?addr=n2:7000":       "n1:7000 (Cluster)",
+		"unix://:s3cret@/run/redis.sock?db=4":        "unix:/run/redis.sock db 4",
+	} {
+		if got := redisName(raw); got != want || strings.Contains(got, "s3cret") {
+			t.Errorf("redisName(%s) = %q, want %q", jobs.RedactURL(raw), got, want)
+		}
 	}
 }

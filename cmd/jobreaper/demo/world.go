@@ -134,8 +134,12 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	if err != nil {
 		return w, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
+	// The status reader tells the passes which queues live asynq servers
+	// serve (the demo's worker serves its queue): marker re-assertion and
+	// lost-task reaps are held without one, as the daemon's are.
 	w.reaper = reaper.New(w.store, lister, w.markers, reaper.Options{
 		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper,
+		Asynq: queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
 	})
 	hb, err := jobs.NewHeartbeater(w.store, nil, w.cfg.HeartbeatInterval)
 	if err != nil {

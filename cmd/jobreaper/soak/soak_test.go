@@ -238,6 +238,9 @@ func TestReliabilitySoak(t *testing.T) {
 	if !drained {
 		t.Errorf("not every job ended within %s of the last enqueue", soakDrainMax)
 	}
+	if ps.Unbalanced > 0 {
+		t.Errorf("%d passes logged that their scanned tasks do not add up, the last: %s", ps.Unbalanced, ps.UnbalancedLine)
+	}
 	if res.enqueued != enq.enqueued {
 		res.note(fmt.Sprintf("%d jobs enqueued, %d rows found", enq.enqueued, res.enqueued))
 		res.lost += max(0, enq.enqueued-res.enqueued)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // tailBuffer keeps the last max bytes written to it, so that a process's
@@ -52,6 +54,10 @@ func (b *tailBuffer) String() string {
 type passStats struct {
 	Passes      int
 	ErrorPasses int // passes that finished with errors or could not run
+	// Unbalanced counts the passes that logged that their scanned tasks
+	// do not add up (reaper.ScannedMismatchLog); it must stay 0.
+	Unbalanced     int
+	UnbalancedLine string
 	// Overran counts the passes longer than soakInterval.
 	Overran     int
 	LongestPass time.Duration
@@ -115,6 +121,13 @@ func (d *soakDaemon) read(r io.Reader) {
 }
 
 func (d *soakDaemon) parse(line []byte) {
+	if bytes.Contains(line, []byte(reaper.ScannedMismatchLog)) {
+		d.mu.Lock()
+		d.stats.Unbalanced++
+		d.stats.UnbalancedLine = string(line[:min(len(line), 600)])
+		d.mu.Unlock()
+		return
+	}
 	if !bytes.Contains(line, []byte(`"duration_ms"`)) || !bytes.Contains(line, []byte(`"msg":"pass `)) {
 		return
 	}
