@@ -92,6 +92,11 @@ func TestRedisTLSServerNameOverridesTheNameOfEveryNode(t *testing.T) {
 	})
 
 	t.Run("ASingleServerHonoursIt", func(t *testing.T) {
+		// A schema of its own: the sentinel subtest's reaped job has its
+		// marker in that primary, and a pass over this other Redis would
+		// find it missing and hold it (no asynq server lives here yet).
+		db := jobstest.New(t)
+		db.JobType(t, "report.export", "30 minutes", "", "")
 		r := run(t, "run", "--once", "--database-url", db.URL, "--schema", db.Schema,
 			"--redis-url", singleURL, "--redis-ca-file", ca.caCert, "--queues", q)
 		requireExit(t, r, exitCannotRun)
