@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/jobreaper/jobreaper/internal/failpoint"
 )
 
 // ReapBatchSize is the most candidates one ReapBatch transaction names. It
@@ -197,6 +199,7 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		}
 		// The last statement before COMMIT: a leader whose leader lease
 		// lapsed meanwhile (paused, or waiting on a row lock) writes nothing.
+		defer failpoint.Inject("reap-before-commit") // test builds only: after the check, before COMMIT
 		return s.checkLeaderLease(ctx, tx)
 	})
 	if err != nil {

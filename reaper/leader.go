@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/failpoint"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -138,6 +139,7 @@ func (l *LeaderLease) Held() bool {
 // this daemon holds the leader lease. An error (PostgreSQL unreachable)
 // counts as not held: a leader that cannot renew stops reaping.
 func (l *LeaderLease) Attempt(ctx context.Context) bool {
+	failpoint.Inject("lease") // test builds only
 	sent := time.Now()
 	st, err := l.store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: l.key, Holder: l.holder, TTL: l.ttl, Settings: l.raw})
 	l.mu.Lock()

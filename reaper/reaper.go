@@ -14,6 +14,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/failpoint"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -280,6 +281,7 @@ func passOutcome(ctx context.Context, res Result, err error) string {
 }
 
 func (r *Reaper) pass(ctx context.Context) (Result, error) {
+	failpoint.Inject("pass") // test builds only
 	res := newResult()
 	// Redis's eviction policy, at the first pass and hourly; never an
 	// error of the pass.
