@@ -43,6 +43,14 @@ func (m *Metrics) leaderLease(held bool, ageSeconds float64) {
 	m.fleet.leaseAge.Set(ageSeconds)
 }
 
+// notLeading sets jobreaper_leader to 0: the daemon runs no more passes
+// (it gave up after panicked passes), with or without a leader lease.
+func (m *Metrics) notLeading() {
+	if m != nil {
+		m.fleet.leader.Set(0)
+	}
+}
+
 // SetLeaderWithoutLease marks a replica that runs every pass
 // (--leader-lease=false) as leading.
 func (m *Metrics) SetLeaderWithoutLease() {

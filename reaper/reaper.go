@@ -158,6 +158,11 @@ type Result struct {
 	// but it did not look at everything, and errors met after the stop
 	// are not counted.
 	Interrupted bool `json:"interrupted"`
+	// Panicked is true when the pass panicked: the panic was recovered and
+	// logged once with its stack, and the pass ended there. Its other
+	// counts are lost with it (each reap it made was logged as it was
+	// made); the next pass starts afresh.
+	Panicked bool `json:"panicked"`
 	// QueuesNotFound names the queues of the pass that asynq has never
 	// seen (not in asynq:queues), sorted: treated as empty, each one
 	// likely a typo in the queue list or a wrong Redis database.
@@ -204,6 +209,8 @@ type Reaper struct {
 	// passCancel stops the running daemon pass when the leader lease is
 	// lost; nil between passes.
 	passCancel context.CancelFunc
+	// fatal carries the loop's ErrPassesPanicked to Fatal (capacity 1).
+	fatal chan error
 }
 
 // New returns a Reaper. It does not contact anything until RunOnce or Start.
@@ -221,7 +228,8 @@ func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	}
 	return &Reaper{
 		store: store, lister: lister, markers: markers, opts: opts,
-		log: opts.Logger.With("component", "reaper"),
+		log:   opts.Logger.With("component", "reaper"),
+		fatal: make(chan error, 1),
 	}
 }
 
@@ -241,7 +249,17 @@ var ErrPassFailed = errors.New("reaper pass could not run")
 // Result.Errors and logged, and the pass goes on with what it can do safely.
 func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
-	res, err := r.pass(ctx)
+	var (
+		res Result
+		err error
+	)
+	// A panic anywhere in the pass, also on its listing goroutine (which
+	// carries it here), ends the pass, never the process.
+	p := contain(func() { res, err = r.pass(ctx) })
+	if p != nil {
+		res, err = newResult(), fmt.Errorf("%w: %v", ErrPassPanicked, p)
+		res.Panicked = true
+	}
 	end := time.Now()
 	outcome := passOutcome(ctx, res, err)
 	res.Interrupted = outcome == outcomeCancelled
@@ -249,6 +267,9 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped,
 		"errors", res.Errors, "duration_ms", end.Sub(start).Milliseconds()}
 	switch {
+	case outcome == outcomePanicked:
+		logPanic(r.log, "pass panicked; it was recovered and ended there (a bug, or a value jobreaper does not expect: "+
+			"report the panic and its stack)", p, "duration_ms", end.Sub(start).Milliseconds())
 	case outcome == outcomeCancelled:
 		r.log.Info("pass stopped before its end (shutdown); not counted as a clean pass", attrs...)
 	case err != nil:
@@ -267,9 +288,12 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 
 // passOutcome labels a finished pass. A pass whose ctx was cancelled
 // (SIGTERM, Stop) skipped the rest of its work, and the errors it met
-// meanwhile were not counted, so it is never ok.
+// meanwhile were not counted, so it is never ok. A pass that panicked is
+// panicked, whatever else happened.
 func passOutcome(ctx context.Context, res Result, err error) string {
 	switch {
+	case res.Panicked:
+		return outcomePanicked
 	case err != nil && ctx.Err() == nil:
 		return outcomeFailed
 	case ctx.Err() != nil:

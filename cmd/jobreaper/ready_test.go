@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -108,5 +110,26 @@ func TestReadyz(t *testing.T) {
 	})
 	if code := d.stop(t); code != exitOK {
 		t.Fatalf("exit code %d:\n%s", code, d.stderr.String())
+	}
+}
+
+// A readiness check that panics (here: it has no pool and no client to
+// ping) is recovered where it happens: logged once at ERROR with its
+// stack, /readyz answers 503 saying so, and the checks stop when asked.
+func TestReadinessCheckPanicIsContained(t *testing.T) {
+	t.Parallel()
+	var log jobstest.SyncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	ready := startReadiness(ctx, nil, nil, time.Second, slog.New(slog.NewTextHandler(&log, nil)), nil)
+	rec := httptest.NewRecorder()
+	ready.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "panicked") {
+		t.Fatalf("/readyz = %d %q, want 503 saying the check panicked", rec.Code, rec.Body.String())
+	}
+	cancel()
+	ready.stop()
+	if got := log.String(); strings.Count(got, "readiness check panicked") != 1 || !strings.Contains(got, "level=ERROR") ||
+		!strings.Contains(got, "goroutine ") {
+		t.Fatalf("the panic is not logged once at ERROR with its stack:\n%s", got)
 	}
 }

@@ -49,7 +49,7 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	const want = "broken_active,errors,interrupted,lost_limit_tripped,markers_restored,queues_not_found,reaped,reaped_by,scanned,skipped,stale_queued"
+	const want = "broken_active,errors,interrupted,lost_limit_tripped,markers_restored,panicked,queues_not_found,reaped,reaped_by,scanned,skipped,stale_queued"
 	if strings.Join(keys, ",") != want {
 		t.Fatalf("keys %v, want %s", keys, want)
 	}
