@@ -29,8 +29,10 @@ type DaemonOptions struct {
 	Failpoints string
 	// Env is added to the test's environment.
 	Env []string
-	// LogTail and OnLine configure the captured log (see Log).
+	// LogTail, LogKeep and OnLine configure the captured log (Log's Tail,
+	// Keep and OnLine).
 	LogTail int
+	LogKeep func(line []byte) bool
 	OnLine  func(line []byte)
 }
 
@@ -59,7 +61,7 @@ var metricsAddrRE = regexp.MustCompile(`serving /metrics and /healthz.*?"?addr"?
 // when t failed.
 func StartDaemon(t testing.TB, bin string, o DaemonOptions) *Daemon {
 	t.Helper()
-	d := &Daemon{Name: o.Name, Log: &Log{Tail: o.LogTail, OnLine: o.OnLine}, exited: make(chan struct{})}
+	d := &Daemon{Name: o.Name, Log: &Log{Tail: o.LogTail, Keep: o.LogKeep, OnLine: o.OnLine}, exited: make(chan struct{})}
 	if d.Name == "" {
 		d.Name = "daemon"
 	}

@@ -2,7 +2,10 @@ package fleettest_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/hibiken/asynq"
@@ -94,4 +97,28 @@ func TestHarnessRelayCutAndRestore(t *testing.T) {
 		code, _ := d.Probe("/readyz")
 		return code == 200
 	})
+}
+
+// The stop failpoint stops the daemon's process where it is reached (the
+// kernel reports it stopped, its metrics server does not answer); SIGCONT
+// resumes it there, and the pass goes on to its end (the next pass, ten
+// seconds later, would stop again).
+func TestHarnessStopFailpointPausesTheProcess(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	srv := redistest.Start(t)
+	d := fleettest.StartDaemon(t, fleettest.BuildJobreaper(t), fleettest.DaemonOptions{DatabaseURL: db.URL, RedisURL: srv.URL,
+		Failpoints: "pass=stop", Args: []string{"--schema", db.Schema, "--queues", "stop", "--interval", "10s", "--stall-timeout", "11m"}})
+	d.AwaitLog(t, 0, "failpoint pass reached (stop)")
+	fleettest.WaitFor(t, "the kernel reports the process stopped", func() bool {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.Pid()))
+		// The state follows the command name in parentheses: "pid (comm) T ...".
+		_, after, ok := strings.Cut(string(stat), ") ")
+		return err == nil && ok && strings.HasPrefix(after, "T")
+	})
+	if v := d.Metric("jobreaper_passes_total", `outcome="ok"`); v != -1 {
+		t.Fatalf("a stopped daemon answered a scrape: passes ok %v", v)
+	}
+	d.Signal(t, syscall.SIGCONT)
+	fleettest.WaitFor(t, "the resumed pass ends", func() bool { return d.Metric("jobreaper_passes_total", `outcome="ok"`) >= 1 })
 }

@@ -6,13 +6,17 @@ import (
 	"sync"
 )
 
-// Log is the captured stderr of a process. It keeps everything, or only
-// the last Tail bytes when Tail > 0 (a process that logs for an hour),
-// and hands each complete line to OnLine as it is written, in order.
-// Offsets (Len, Since) count every byte ever written, kept or not.
+// Log is the captured stderr of a process, line by line. It keeps every
+// line, or only those Keep accepts, and of those only the last Tail bytes
+// when Tail > 0 (a process that logs for an hour); it hands every complete
+// line to OnLine as it is written, in order, kept or not. Offsets (Len,
+// Since) count every byte kept, including those Tail dropped since. A
+// last line without its newline is kept only once it is complete.
 type Log struct {
 	// Tail, when > 0, bounds what String returns to the last Tail bytes.
 	Tail int
+	// Keep, when set, says which lines to keep (all when nil).
+	Keep func(line []byte) bool
 	// OnLine, when set, is called with each complete line (without its
 	// newline), on the goroutine that copies the process's stderr.
 	OnLine func(line []byte)
@@ -26,28 +30,31 @@ type Log struct {
 // Write implements io.Writer.
 func (l *Log) Write(p []byte) (int, error) {
 	l.mu.Lock()
-	l.buf = append(l.buf, p...)
+	l.partial = append(l.partial, p...)
+	var lines [][]byte
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			break
+		}
+		line := bytes.Clone(l.partial[:i])
+		l.partial = l.partial[i+1:]
+		lines = append(lines, line)
+		if l.Keep == nil || l.Keep(line) {
+			l.buf = append(append(l.buf, line...), '\n')
+		}
+	}
+	l.partial = bytes.Clone(l.partial)
 	if over := len(l.buf) - l.Tail; l.Tail > 0 && over > 0 {
 		l.buf = append(l.buf[:0], l.buf[over:]...)
 		l.dropped += over
 	}
 	onLine := l.OnLine
-	var lines [][]byte
-	if onLine != nil {
-		l.partial = append(l.partial, p...)
-		for {
-			i := bytes.IndexByte(l.partial, '\n')
-			if i < 0 {
-				break
-			}
-			lines = append(lines, bytes.Clone(l.partial[:i]))
-			l.partial = l.partial[i+1:]
-		}
-		l.partial = bytes.Clone(l.partial)
-	}
 	l.mu.Unlock()
-	for _, line := range lines {
-		onLine(line)
+	if onLine != nil {
+		for _, line := range lines {
+			onLine(line)
+		}
 	}
 	return len(p), nil
 }
@@ -59,7 +66,7 @@ func (l *Log) String() string {
 	return string(l.buf)
 }
 
-// Len returns how many bytes were ever written: an offset for Since.
+// Len returns how many bytes were ever kept: an offset for Since.
 func (l *Log) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

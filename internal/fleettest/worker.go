@@ -132,16 +132,22 @@ func (w *Worker) Signal(t testing.TB, sig syscall.Signal) {
 	}
 }
 
-// Stop sends SIGTERM and waits up to Deadline for the exit; it returns
-// the exit code (-1 when a signal ended it).
+// Stop sends SIGTERM and returns the exit code (see Wait).
 func (w *Worker) Stop(t testing.TB) int {
 	t.Helper()
 	w.Signal(t, syscall.SIGTERM)
+	return w.Wait(t)
+}
+
+// Wait waits up to Deadline for the process to exit and returns its exit
+// code (-1 when a signal ended it, as SIGKILL does).
+func (w *Worker) Wait(t testing.TB) int {
+	t.Helper()
 	select {
 	case <-w.exited:
 		return w.cmd.ProcessState.ExitCode()
 	case <-time.After(Deadline):
-		t.Fatalf("%s did not exit within %s of SIGTERM", w.Name, Deadline)
+		t.Fatalf("%s did not exit within %s", w.Name, Deadline)
 		return -1
 	}
 }
