@@ -3,6 +3,7 @@ package reaper_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -244,5 +245,35 @@ func TestLeaderLeaseAttemptPanicsAreContained(t *testing.T) {
 	lines := log.take()
 	if n := countLines(lines, "level=ERROR", "a leader lease row no attempt expects", "goroutine ", "panickyLeaseStore"); n < reaper.PanickedPassesMax {
 		t.Fatalf("%d ERROR lines with the attempt's panic and stack, want at least %d:\n%s", n, reaper.PanickedPassesMax, strings.Join(lines, "\n"))
+	}
+}
+
+// loadPanicStore panics in LoadForTasks, which the pass calls on its own
+// goroutine while its listing goroutine still sends chunks.
+type loadPanicStore struct{ *jobs.Store }
+
+func (loadPanicStore) LoadForTasks(context.Context, []string) (map[string]jobs.Snapshot, error) {
+	panic("a row no load expects")
+}
+
+// A pass that panics while its listing goroutine still has chunks to send
+// (more queues than the chunks buffered) stops the listing and takes what
+// it sends: RunOnce returns a panicked Result, and no goroutine is left
+// blocked on a send (TestMain's goleak check fails the package otherwise).
+func TestPassPanicStopsItsListing(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	lister := &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}}
+	var queues []string
+	for i := range 64 {
+		q := fmt.Sprintf("q%02d", i)
+		queues = append(queues, q)
+		lister.queues[q] = queue.ActiveTasks{IDs: []string{"J-" + q}}
+	}
+	r := reaper.New(loadPanicStore{db.Store()}, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues,
+		LoadBatch: 1, Rule: baselineRule, Logger: testLogger(t)})
+	res, err := r.RunOnce(t.Context())
+	if !res.Panicked || !errors.Is(err, reaper.ErrPassPanicked) {
+		t.Fatalf("RunOnce = %+v, %v; want a panicked pass and ErrPassPanicked", res, err)
 	}
 }
