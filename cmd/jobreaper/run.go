@@ -399,7 +399,8 @@ const fatalExitGrace = 5 * time.Second
 // server), then the daemon stops with exit code 3, so that its supervisor
 // restarts it.
 func giveUp(ctx context.Context, err error, ready *readiness, srv *metricsServer, log *slog.Logger) error {
-	why := fmt.Sprintf("%v; the daemon released its leader lease and is stopping (exit code %d) so that it is restarted", err, exitPanicked)
+	why := fmt.Sprintf("%v; the daemon runs no more passes, has given its leader lease up if it held one, "+
+		"and is stopping (exit code %d) so that it is restarted", err, exitPanicked)
 	ready.fail(why)
 	log.Error("giving up: "+why+"; see the stacks logged above", "exit_in", fatalExitGrace.String())
 	if srv != nil && srv.srv != nil {

@@ -2,6 +2,7 @@ package fleettest
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -230,8 +231,8 @@ func Run(t testing.TB, bin, failpoints string, env []string, args ...string) Res
 	cmd.Env = append(append(os.Environ(), env...), failpoint.Env+"="+failpoints)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+	var exit *exec.ExitError
+	if err := cmd.Run(); err != nil && !errors.As(err, &exit) {
 		t.Fatalf("running %s: %v", bin, err)
 	}
 	return Result{Code: cmd.ProcessState.ExitCode(), Stdout: stdout.String(), Stderr: stderr.String()}

@@ -1,6 +1,7 @@
 package fleettest
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -16,8 +17,14 @@ const probeTimeout = 5 * time.Second
 // or 0 and the error's text when nothing answered (a stopped or exited
 // process). No connection is kept between calls.
 func Probe(addr, path string) (int, string) {
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: probeTimeout}
-	resp, err := client.Get("http://" + addr + path)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, err.Error()
 	}
