@@ -56,9 +56,9 @@ With --output json, stdout is exactly one JSON document: the summary
 "lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
 "interrupted":false,"panicked":false,"queues_not_found":[...]} (interrupted: a
 signal stopped the pass before its end, exit 1; panicked: the pass ended at
-a panic, exit 1), or, when the command
-could not run once its flags were read (exit 2), {"error":"<message>"} with
-the message also on stderr. --output applies to --once only.
+a panic, exit 1), or, when the command could not run once its flags were
+read (exit 2), {"error":"<message>"} with the message also on stderr.
+--output applies to --once only.
 Logs always go to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
