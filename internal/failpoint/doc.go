@@ -16,7 +16,9 @@
 //
 //	panic           panic with a message naming the point
 //	sleep:<d>       sleep for the Go duration d (ignoring any context)
-//	stop            SIGSTOP the process itself; the test sends SIGCONT
+//	stop            SIGSTOP the whole process, before the goroutine that
+//	                reached the point goes any further; the test sends
+//	                SIGCONT
 //
 // Points (the names the code injects): "pass" at the start of every pass,
 // "lease" at the start of every leader lease attempt, and

@@ -5,6 +5,7 @@ package failpoint
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,7 +78,17 @@ func Inject(name string) {
 	case "sleep":
 		time.Sleep(a.sleep)
 	case "stop":
-		// Stops every thread of the process until a SIGCONT.
-		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		stop()
 	}
+}
+
+// stop stops the whole process until a SIGCONT, before the calling
+// goroutine goes on. The signal is sent to the calling thread, which
+// takes it on its way back from the system call: sent to the process
+// (kill), the kernel hands it to whichever thread it picks, and this one
+// could run on, for example send a COMMIT, before the stop reached it.
+func stop() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
 }

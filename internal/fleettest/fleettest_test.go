@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 	"github.com/jobreaper/jobreaper/queue/redistest"
 )
 
@@ -99,26 +101,35 @@ func TestHarnessRelayCutAndRestore(t *testing.T) {
 	})
 }
 
-// The stop failpoint stops the daemon's process where it is reached (the
-// kernel reports it stopped, its metrics server does not answer); SIGCONT
-// resumes it there, and the pass goes on to its end (the next pass, ten
-// seconds later, would stop again).
-func TestHarnessStopFailpointPausesTheProcess(t *testing.T) {
+// The stop failpoint at reap-before-commit stops the daemon's process in
+// its reap transaction, after the leader lease check and before COMMIT:
+// the kernel reports the process stopped, and the stalled job is still
+// PROCESSING with no reaped event (nothing committed). SIGCONT resumes it
+// there, and the reap commits.
+func TestHarnessStopFailpointBeforeTheReapCommits(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
+	db.JobType(t, "report.export", "30 minutes", "", "")
 	srv := redistest.Start(t)
+	const q = "stop"
+	db.Insert(t, jobstest.Job{ID: "J-stop", Type: "report.export", Generation: 1, Queue: q, Worker: "w1",
+		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+	if err := queuetest.MakeActive(t.Context(), srv.Client(t), q, "report.export", []string{"J-stop"}); err != nil {
+		t.Fatal(err)
+	}
 	d := fleettest.StartDaemon(t, fleettest.BuildJobreaper(t), fleettest.DaemonOptions{DatabaseURL: db.URL, RedisURL: srv.URL,
-		Failpoints: "pass=stop", Args: []string{"--schema", db.Schema, "--queues", "stop", "--interval", "10s", "--stall-timeout", "11m"}})
-	d.AwaitLog(t, 0, "failpoint pass reached (stop)")
+		Failpoints: "reap-before-commit=stop", Args: []string{"--schema", db.Schema, "--queues", q, "--interval", "1s", "--stall-timeout", "11m"}})
+	d.AwaitLog(t, 0, "failpoint reap-before-commit reached (stop)")
 	fleettest.WaitFor(t, "the kernel reports the process stopped", func() bool {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.Pid()))
 		// The state follows the command name in parentheses: "pid (comm) T ...".
 		_, after, ok := strings.Cut(string(stat), ") ")
 		return err == nil && ok && strings.HasPrefix(after, "T")
 	})
-	if v := d.Metric("jobreaper_passes_total", `outcome="ok"`); v != -1 {
-		t.Fatalf("a stopped daemon answered a scrape: passes ok %v", v)
+	if row := db.Read(t, "J-stop"); row.Status != jobs.StatusProcessing || db.Events(t, "J-stop", "reaped") != 0 {
+		t.Fatalf("J-stop = %+v with %d reaped events while its reap waits before COMMIT, want PROCESSING and none",
+			row, db.Events(t, "J-stop", "reaped"))
 	}
 	d.Signal(t, syscall.SIGCONT)
-	fleettest.WaitFor(t, "the resumed pass ends", func() bool { return d.Metric("jobreaper_passes_total", `outcome="ok"`) >= 1 })
+	fleettest.WaitFor(t, "the resumed reap commits", func() bool { return db.Read(t, "J-stop").Status == jobs.StatusFailed })
 }
