@@ -239,8 +239,10 @@ func TestLeaderLeaseAttemptPanicsAreContained(t *testing.T) {
 	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("leader_leases")); n != 0 {
 		t.Fatalf("%d leader lease rows after the daemon gave up, want 0", n)
 	}
-	if got := passesBy(t, reg, "ok"); got != 1 {
-		t.Fatalf("passes_total{outcome=ok} = %v, want the one pass before the attempts began to panic", got)
+	// At most the one pass after the first attempt (a renewal may come
+	// first on a slow machine, and then every pass's attempt panics).
+	if got := passesBy(t, reg, "ok"); got > 1 {
+		t.Fatalf("passes_total{outcome=ok} = %v, want at most the one pass before the attempts began to panic", got)
 	}
 	lines := log.take()
 	if n := countLines(lines, "level=ERROR", "a leader lease row no attempt expects", "goroutine ", "panickyLeaseStore"); n < reaper.PanickedPassesMax {

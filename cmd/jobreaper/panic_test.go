@@ -129,11 +129,12 @@ func TestSIGTERMDuringALeaderLeaseAttemptReleasesTheLease(t *testing.T) {
 	bin := fleettest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	srv := redistest.Start(t)
-	// Every attempt takes a second; the first pass sleeps 6 s at its
-	// start, so the renewals that follow it run beside it.
+	// Every attempt takes 3 s, longer than the 2 s between renewals
+	// (interval/3), so the renewals run back to back and a signal lands in
+	// one; the first pass sleeps 10 s at its start, so they run beside it.
 	d := fleettest.StartDaemon(t, bin, fleettest.DaemonOptions{DatabaseURL: db.URL, RedisURL: srv.URL,
-		Failpoints: "lease=sleep:1s;pass=sleep:6s",
-		Args:       []string{"--schema", db.Schema, "--queues", "lease-sigterm", "--interval", "2s", "--stall-timeout", "11m"}})
+		Failpoints: "lease=sleep:3s;pass=sleep:10s",
+		Args:       []string{"--schema", db.Schema, "--queues", "lease-sigterm", "--interval", "6s", "--stall-timeout", "13m"}})
 	passAt := d.AwaitLog(t, 0, "failpoint pass reached")
 	if !d.Leads() {
 		t.Fatal("the daemon runs a pass without leading")
