@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/jobreaper/jobreaper/internal/failpoint"
 )
 
 // ReapBatchSize is the most candidates one ReapBatch transaction names. It
@@ -210,6 +212,7 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		if err := s.checkLeaderLease(ctx, tx); err != nil {
 			return err
 		}
+		failpoint.Inject("reap-before-commit") // test builds only: after the check, before COMMIT
 		if s.beforeReapCommit != nil {
 			s.beforeReapCommit()
 		}

@@ -20,8 +20,11 @@ type fleetMetrics struct {
 	// withoutLease is set for a replica that runs every pass
 	// (--leader-lease=false): it leads by construction.
 	withoutLease atomic.Bool
-	drift        prometheus.Gauge
-	cancels      prometheus.Counter
+	// gaveUp is set when the daemon runs no more passes (it gave up after
+	// panicked passes): it leads no more, with or without a leader lease.
+	gaveUp  atomic.Bool
+	drift   prometheus.Gauge
+	cancels prometheus.Counter
 }
 
 func newFleetMetrics(reg prometheus.Registerer) *fleetMetrics {
@@ -49,6 +52,9 @@ func newFleetMetrics(reg prometheus.Registerer) *fleetMetrics {
 
 // leading is jobreaper_leader's value now.
 func (m *fleetMetrics) leading() float64 {
+	if m.gaveUp.Load() {
+		return 0
+	}
 	if m.withoutLease.Load() {
 		return 1
 	}
@@ -71,6 +77,14 @@ func (m *fleetMetrics) leaseAgeSeconds() float64 {
 func (m *Metrics) watchLeaderLease(l *LeaderLease) {
 	if m != nil {
 		m.fleet.lease.Store(l)
+	}
+}
+
+// notLeading sets jobreaper_leader to 0: the daemon runs no more passes
+// (it gave up after panicked passes), with or without a leader lease.
+func (m *Metrics) notLeading() {
+	if m != nil {
+		m.fleet.gaveUp.Store(true)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/failpoint"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -58,6 +59,11 @@ type LeaderLease struct {
 	// now is the clock of the drift log's repetition (time.Now; tests
 	// move it).
 	now func() time.Time
+	// cutShort is true when the last attempt, made while the leader lease
+	// was held, ended without an answer because the daemon was stopping
+	// (or it panicked): the row may still be this replica's, so the
+	// release says it released it.
+	cutShort bool
 }
 
 // NewLeaderLease returns the leader lease of a daemon scanning queues
@@ -119,6 +125,7 @@ func (l *LeaderLease) age() time.Duration {
 // unreachable) counts as not held: a leader that cannot renew stops
 // reaping, and exports jobreaper_leader 0 from then on.
 func (l *LeaderLease) Attempt(ctx context.Context) bool {
+	failpoint.Inject("lease") // test builds only
 	sent := time.Now()
 	st, err := l.store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: l.key, Holder: l.holder, TTL: l.ttl, Settings: l.raw})
 	l.mu.Lock()
@@ -164,8 +171,33 @@ func (l *LeaderLease) setLeading(held bool, st jobs.LeaderLeaseState) {
 	l.log.Info("this replica does not hold the leader lease; it runs no pass", "leader", holder)
 }
 
+// attempt is Attempt with its panic recovered, logged once at ERROR
+// with its stack and returned: the leader lease then counts as not held
+// (no reap may rely on an attempt that did not finish), and the row, if
+// this replica still holds it, lapses at its expiry or is deleted by the
+// release.
+func (l *LeaderLease) attempt(ctx context.Context) (held bool, p *recovered) {
+	was := l.Held()
+	p = contain(func() { held = l.Attempt(ctx) })
+	l.mu.Lock()
+	l.cutShort = was && !held && (ctx.Err() != nil || p != nil)
+	if p != nil {
+		l.validUntil, l.leading = time.Time{}, false
+	}
+	l.mu.Unlock()
+	if p == nil {
+		return held, nil
+	}
+	logPanic(l.log, "leader lease attempt panicked; it was recovered, and this replica counts as not holding the leader lease", p)
+	return false, p
+}
+
 // run attempts every l.every until ctx is done, calling lost when a
-// previously held leader lease is no longer held (so a running pass stops).
+// previously held leader lease is no longer held (so a running pass
+// stops). An attempt that failed because ctx was done (SIGTERM, Stop)
+// lost nothing: the pass is stopped by the same ctx, and the release
+// follows. An attempt that panicked is logged and counted, and the
+// renewals go on.
 func (l *LeaderLease) run(ctx context.Context, lost func()) {
 	t := time.NewTicker(l.every)
 	defer t.Stop()
@@ -176,25 +208,34 @@ func (l *LeaderLease) run(ctx context.Context, lost func()) {
 		case <-t.C:
 		}
 		was := l.Held()
-		if !l.Attempt(ctx) && was {
+		held, p := l.attempt(ctx)
+		if p != nil {
+			l.metrics.CountPanic()
+		}
+		if !held && was && ctx.Err() == nil {
 			lost()
 		}
 	}
 }
 
 // release gives the leader lease up on a clean exit, so another replica
-// takes over at its next attempt instead of at the expiry.
+// takes over at its next attempt instead of at the expiry. The
+// holder-conditional DELETE is sent whether or not this replica thinks it
+// holds the lease: an attempt cut short by the stop (SIGTERM during its
+// statement) may have renewed the row while reporting a failure, and the
+// DELETE changes nothing when another replica holds it.
 func (l *LeaderLease) release(ctx context.Context) {
 	l.mu.Lock()
-	held := time.Now().Before(l.validUntil)
-	l.validUntil, l.leading = time.Time{}, false
+	held := time.Now().Before(l.validUntil) || l.cutShort
+	l.validUntil, l.leading, l.cutShort = time.Time{}, false, false
 	l.mu.Unlock()
-	if !held {
-		return
-	}
 	if err := l.store.ReleaseLeaderLease(ctx, l.key, l.holder.ID); err != nil {
 		l.log.Warn("releasing the leader lease failed; another replica takes it when it expires", "err", err)
 		return
 	}
-	l.log.Info("leader lease released")
+	if held {
+		l.log.Info("leader lease released")
+		return
+	}
+	l.log.Debug("leader lease row of this replica deleted, if there was one")
 }

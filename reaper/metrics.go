@@ -40,6 +40,7 @@ const (
 	outcomeErrors    = "errors"
 	outcomeFailed    = "failed"
 	outcomeCancelled = "cancelled"
+	outcomePanicked  = "panicked"
 )
 
 // NewMetrics creates the reaper's metrics and registers them with reg. It
@@ -49,7 +50,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_passes_total",
-			Help: "Reaper passes by outcome: ok (no errors), errors (ran with errors), failed (could not run), cancelled (stopped before it finished, by a shutdown).",
+			Help: "Reaper passes by outcome: ok (no errors), errors (ran with errors), failed (could not run), cancelled (stopped before it finished, by a shutdown), " +
+				"panicked (a pass, or the daemon's leader lease renewal or readiness check, panicked: recovered and logged with its stack).",
 		}, []string{"outcome"}),
 		scanned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jobreaper_tasks_scanned_total",
@@ -95,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	// Series of every known label value exist from the start at 0, so a
 	// rate() or an alert on them works before the first occurrence.
-	for _, o := range []string{outcomeOK, outcomeErrors, outcomeFailed, outcomeCancelled} {
+	for _, o := range []string{outcomeOK, outcomeErrors, outcomeFailed, outcomeCancelled, outcomePanicked} {
 		m.passes.WithLabelValues(o)
 	}
 	for _, st := range []string{stageClock, stageQueues, stageList, stageLoad, stageReap, stageMarker} {
@@ -156,7 +158,8 @@ func (m *Metrics) queueMissing(queue string) {
 }
 
 // pass records one pass that ended with outcome. Only an ok pass moves
-// jobreaper_last_success_timestamp_seconds; a failed pass adds no counts.
+// jobreaper_last_success_timestamp_seconds; a failed or panicked pass
+// adds no counts.
 func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix float64) {
 	if m == nil {
 		return
@@ -164,7 +167,7 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 	m.duration.Observe(seconds)
 	m.passes.WithLabelValues(outcome).Inc()
 	switch outcome {
-	case outcomeFailed:
+	case outcomeFailed, outcomePanicked:
 		return
 	case outcomeOK:
 		m.lastSuccess.Set(endUnix)
@@ -175,5 +178,15 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 	}
 	for k, n := range res.reapedSeries {
 		m.reaped.WithLabelValues(k.reason, k.typ, k.queue).Add(float64(n))
+	}
+}
+
+// CountPanic counts a panic recovered outside a pass, in one of the
+// daemon's background goroutines (the leader lease renewal, the readiness
+// check), in jobreaper_passes_total{outcome="panicked"}, so that one alert
+// on that series covers every panic of the daemon.
+func (m *Metrics) CountPanic() {
+	if m != nil {
+		m.passes.WithLabelValues(outcomePanicked).Inc()
 	}
 }

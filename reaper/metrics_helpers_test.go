@@ -52,7 +52,7 @@ func TestMetricsExistAtZeroBeforeTheirFirstOccurrence(t *testing.T) {
 		series[f.GetName()] = len(f.GetMetric())
 	}
 	want := map[string]int{
-		"jobreaper_passes_total":       4, // ok, errors, failed, cancelled
+		"jobreaper_passes_total":       5, // ok, errors, failed, cancelled, panicked
 		"jobreaper_pass_errors_total":  6, // clock, queues, list, load, reap, marker
 		"jobreaper_jobs_reaped_total":  2, // stalled, lost_task
 		"jobreaper_jobs_skipped_total": 15,

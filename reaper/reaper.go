@@ -14,6 +14,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/failpoint"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -150,6 +151,8 @@ type Reaper struct {
 	// passCancel stops the running daemon pass when the leader lease is
 	// lost; nil between passes.
 	passCancel context.CancelFunc
+	// fatal carries the loop's ErrPassesPanicked to Fatal (capacity 1).
+	fatal chan error
 }
 
 // New returns a Reaper. It does not contact anything until RunOnce or Start.
@@ -167,7 +170,8 @@ func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	}
 	return &Reaper{
 		store: store, lister: lister, markers: markers, opts: opts,
-		log: opts.Logger.With("component", "reaper"),
+		log:   opts.Logger.With("component", "reaper"),
+		fatal: make(chan error, 1),
 	}
 }
 
@@ -187,7 +191,17 @@ var ErrPassFailed = errors.New("reaper pass could not run")
 // Result.Errors and logged, and the pass goes on with what it can do safely.
 func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
-	res, err := r.pass(ctx)
+	var (
+		res Result
+		err error
+	)
+	// A panic anywhere in the pass, also on its listing goroutine (which
+	// carries it here), ends the pass, never the process.
+	p := contain(func() { res, err = r.pass(ctx) })
+	if p != nil {
+		res, err = newResult(), fmt.Errorf("%w: %v", ErrPassPanicked, p)
+		res.Panicked = true
+	}
 	end := time.Now()
 	outcome := passOutcome(ctx, res, err)
 	res.Interrupted = outcome == outcomeCancelled
@@ -200,6 +214,9 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 		}
 	}
 	switch {
+	case outcome == outcomePanicked:
+		logPanic(r.log, "pass panicked; it was recovered and ended there (a bug, or a value jobreaper does not expect: "+
+			"report the panic and its stack)", p, "duration_ms", end.Sub(start).Milliseconds())
 	case outcome == outcomeCancelled:
 		r.log.Info("pass stopped before its end (shutdown); not counted as a clean pass", attrs...)
 	case err != nil:
@@ -218,9 +235,12 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 
 // passOutcome labels a finished pass. A pass whose ctx was cancelled
 // (SIGTERM, Stop) skipped the rest of its work, and the errors it met
-// meanwhile were not counted, so it is never ok.
+// meanwhile were not counted, so it is never ok. A pass that panicked is
+// panicked, whatever else happened.
 func passOutcome(ctx context.Context, res Result, err error) string {
 	switch {
+	case res.Panicked:
+		return outcomePanicked
 	case err != nil && ctx.Err() == nil:
 		return outcomeFailed
 	case ctx.Err() != nil:
@@ -232,6 +252,7 @@ func passOutcome(ctx context.Context, res Result, err error) string {
 }
 
 func (r *Reaper) pass(ctx context.Context) (Result, error) {
+	failpoint.Inject("pass") // test builds only
 	res := newResult()
 	// Redis's eviction policy, at the first pass and hourly; never an
 	// error of the pass.

@@ -44,6 +44,11 @@ type Result struct {
 	// but it did not look at everything, and errors met after the stop
 	// are not counted.
 	Interrupted bool `json:"interrupted"`
+	// Panicked is true when the pass panicked: the panic was recovered and
+	// logged once with its stack, and the pass ended there. Its other
+	// counts are lost with it (each reap it made was logged as it was
+	// made); the next pass starts afresh.
+	Panicked bool `json:"panicked"`
 	// QueuesNotFound names the queues of the pass that asynq has never
 	// seen (not in asynq:queues), sorted: treated as empty, each one
 	// likely a typo in the queue list or a wrong Redis database.

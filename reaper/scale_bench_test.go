@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -224,7 +225,7 @@ func allocsDuring(fn func()) (bytes, objects uint64) {
 // pass's own allocations (the harness's B/op covers floor + pass + the
 // process's pipes).
 func BenchmarkScalePass(b *testing.B) {
-	bin := jobstest.BuildJobreaper(b)
+	bin := fleettest.BuildJobreaperRelease(b)
 	for _, n := range []int{1000, 20000, 100000} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			w := newScaleWorld(b, n, 5*time.Minute, time.Minute, nil)

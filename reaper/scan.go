@@ -47,14 +47,31 @@ type queueScan struct {
 // jobs are judged like any other.
 func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time, res *Result) (ids, listed []string, noLease map[string]bool) {
 	chunks := make(chan queue.ActiveChunk, scanChunksBuffered)
+	// A panic of the listing is recovered on its goroutine and raised
+	// again on the pass's once the chunks are taken (RunOnce recovers
+	// it). A panic of the pass stops the listing and takes its remaining
+	// chunks, so that the listing goroutine never blocks on a send
+	// nobody takes.
+	lctx, stopListing := context.WithCancel(ctx)
+	var listPanic *recovered
+	defer func() {
+		stopListing()
+		for range chunks {
+		}
+	}()
 	go func() {
 		defer close(chunks)
+		defer func() {
+			if v := recover(); v != nil {
+				listPanic = capture(v)
+			}
+		}()
 		if s, ok := r.lister.(ActiveStreamer); ok {
-			s.StreamActive(ctx, queues, func(c queue.ActiveChunk) { chunks <- c })
+			s.StreamActive(lctx, queues, func(c queue.ActiveChunk) { chunks <- c })
 			return
 		}
 		for _, q := range queues {
-			tasks, err := r.lister.ListActive(ctx, q)
+			tasks, err := r.lister.ListActive(lctx, q)
 			chunks <- queue.ActiveChunk{Queue: q, ActiveTasks: tasks, Done: err == nil, Err: err}
 		}
 	}()
@@ -129,6 +146,9 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 			broken[q] = sc.emptyIDs + len(sc.noLease)
 			delete(scans, q)
 		}
+	}
+	if listPanic != nil { // set before chunks was closed
+		panic(listPanic)
 	}
 	if len(pending) > 0 {
 		load(pending)

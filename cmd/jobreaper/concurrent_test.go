@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
@@ -31,7 +32,7 @@ func TestConcurrentReaperProcessesReapEachJobOnce(t *testing.T) {
 	t.Parallel()
 	const jobsN, parentsN, processes = 2000, 50, 4
 	ctx := context.Background()
-	bin := jobstest.BuildJobreaper(t)
+	bin := fleettest.BuildJobreaperRelease(t)
 	db := jobstest.New(t)
 	rdb := realRedis(t)
 	q := unique("concurrent")

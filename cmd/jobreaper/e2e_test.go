@@ -149,6 +149,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 		BrokenActive            int               `json:"broken_active"`
 		LostLimitTripped        bool              `json:"lost_limit_tripped"`
 		Interrupted             bool              `json:"interrupted"`
+		Panicked                bool              `json:"panicked"`
 		QueuesNotFound          []string          `json:"queues_not_found"`
 		ScannedBy               map[string]int    `json:"scanned_by"`
 		BadQueueNames           int               `json:"bad_queue_names"`
@@ -165,7 +166,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	if dec.More() {
 		t.Fatalf("stdout holds more than one JSON document:\n%s", stdout.String())
 	}
-	if got.Scanned != 3 || got.Reaped != 1 || got.Errors != 0 || got.Interrupted || got.Skipped["progressing"] != 1 || got.Skipped["within_limit"] != 1 || len(got.Skipped) != 2 ||
+	if got.Scanned != 3 || got.Reaped != 1 || got.Errors != 0 || got.Interrupted || got.Panicked || got.Skipped["progressing"] != 1 || got.Skipped["within_limit"] != 1 || len(got.Skipped) != 2 ||
 		got.QueuesNotFound == nil || len(got.QueuesNotFound) != 0 {
 		t.Fatalf("summary = %+v, want scanned 3, reaped 1, skipped progressing 1 and within_limit 1, errors 0, queues_not_found []", got)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue/redistest"
@@ -111,7 +112,7 @@ func runServiceFaults(t *testing.T, rng *rand.Rand, f *faultFixture, rdb redis.U
 	}
 }
 
-// PostgreSQL goes away in the middle of the daemon's passes: a proxy of
+// PostgreSQL goes away in the middle of the daemon's passes: a relay of
 // the test's own between the daemon and the shared server drops every
 // connection at a random point and refuses new ones for a random outage.
 // Each time the daemon comes back by itself, reaps what was left, and no
@@ -122,9 +123,9 @@ func TestReliabilityFaults_PostgreSQLConnectionsCutMidPass(t *testing.T) {
 	f := newFaultFixture(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	proxy, url := proxyPostgres(t, f.db.URL)
+	relay, url := fleettest.RelayURL(t, f.db.URL)
 	d := startFaultDaemon(t, f, rdb, url, srv.URL)
-	runServiceFaults(t, rng, f, rdb, d, serviceFault{figure: "pg_cut", down: proxy.cut, up: proxy.restore})
+	runServiceFaults(t, rng, f, rdb, d, serviceFault{figure: "pg_cut", down: relay.Cut, up: relay.Restore})
 }
 
 // Redis stops in the middle of the daemon's passes (a redis-server of the

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue/redistest"
@@ -37,7 +38,7 @@ func TestReliabilityFaults_ReaperSIGKILLMidPass(t *testing.T) {
 	t.Parallel()
 	kills := faultKills(t)
 	rng := faultRand(t)
-	bin := jobstest.BuildJobreaper(t)
+	bin := fleettest.BuildJobreaperRelease(t)
 	f := newFaultFixture(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)

@@ -24,6 +24,14 @@ import (
 	"github.com/jobreaper/jobreaper/queue/redistest"
 )
 
+// Environment of the worker process TestFaultWorkerProcess runs as.
+const (
+	envWorkerDB     = "JOBREAPER_TEST_WORKER_DATABASE_URL"
+	envWorkerSchema = "JOBREAPER_TEST_WORKER_SCHEMA"
+	envWorkerRedis  = "JOBREAPER_TEST_WORKER_REDIS_ADDR"
+	envWorkerQueue  = "JOBREAPER_TEST_WORKER_QUEUE"
+)
+
 const (
 	// envFaultWorkerKillAt tells TestFaultWorkerProcess where to stop
 	// each job's attempt and wait for its SIGKILL:
@@ -41,9 +49,9 @@ const (
 )
 
 // TestFaultWorkerProcess is not a test: run as a child process of
-// TestReliabilityFaults_WorkerSIGKILLMidBatch with the variables above and
-// those of TestWorkerProcess set, it is a worker process (an asynq server
-// with the start guard) whose handler works through a job's items with
+// TestReliabilityFaults_WorkerSIGKILLMidBatch with the variables above
+// set, it is a worker process (an asynq server with the start guard)
+// whose handler works through a job's items with
 // resumable progress: one transaction per batch of faultBatch items,
 // Advance with the batch's token first, then the batch's rows in the
 // items table. At the point the parent named it says "reached" on stdout

@@ -5,65 +5,62 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
 // Two daemons of the real binary; the leader A reaches PostgreSQL through
-// a proxy of the test's own, which is cut. A's /metrics says 0 from its
+// a relay of its own, which is cut. A's /metrics says 0 from its
 // first failed renewal and its lease age keeps growing; once B took the
 // leader lease, every scrape finds exactly one replica exporting 1.
 func TestLeaderMetricsOfAReplicaCutOffFromPostgreSQL(t *testing.T) {
 	t.Parallel()
-	bin := jobstest.BuildJobreaper(t)
+	bin := fleettest.BuildJobreaper(t)
 	db := jobstest.New(t)
-	proxy, viaProxy := proxyPostgres(t, db.URL)
 	const interval = 2 * time.Second
-	common := []string{"--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", unique("cutoff"),
-		"--interval", interval.String(), "--stall-timeout", "11m"}
-	a := startReplica(t, bin, "replica A", append([]string{"--database-url", viaProxy}, common...)...)
-	waitFor(t, "A leads", func() bool { return a.leads(t) })
-	b := startReplica(t, bin, "replica B", append([]string{"--database-url", db.URL}, common...)...)
-	waitFor(t, "B follows, having read A's renewals", func() bool {
-		return b.metric(t, "jobreaper_leader") == 0 && b.metric(t, "jobreaper_leader_lease_age_seconds") > 0 &&
-			b.metric(t, "jobreaper_leader_lease_age_seconds") < interval.Seconds()
+	opts := func(name string) fleettest.DaemonOptions {
+		return fleettest.DaemonOptions{Name: name, DatabaseURL: db.URL, RedisURL: redisTestURL(),
+			Args: []string{"--schema", db.Schema, "--queues", unique("cutoff"), "--interval", interval.String(), "--stall-timeout", "11m"}}
+	}
+	a := fleettest.StartDaemon(t, bin, opts("replica A"))
+	fleettest.WaitFor(t, "A leads", a.Leads)
+	b := fleettest.StartDaemon(t, bin, opts("replica B"))
+	fleettest.WaitFor(t, "B follows, having read A's renewals", func() bool {
+		return b.Metric("jobreaper_leader") == 0 && b.Metric("jobreaper_leader_lease_age_seconds") > 0 &&
+			b.Metric("jobreaper_leader_lease_age_seconds") < interval.Seconds()
 	})
 
-	failedAt := len(a.stderr.String())
-	proxy.cut()
-	waitFor(t, "A's first renewal fails", func() bool {
-		return containsAfter(a.stderr.String(), failedAt, "leader lease attempt failed")
+	failedAt := a.Log.Len()
+	a.PG.Cut()
+	fleettest.WaitFor(t, "A's first renewal fails", func() bool {
+		return strings.Contains(a.Log.Since(failedAt), "leader lease attempt failed")
 	})
-	if v := a.metric(t, "jobreaper_leader"); v != 0 {
+	if v := a.Metric("jobreaper_leader"); v != 0 {
 		t.Fatalf("A exports jobreaper_leader %v after its first failed renewal, want 0", v)
 	}
-	first := a.metric(t, "jobreaper_leader_lease_age_seconds")
-	waitFor(t, "A's lease age grows past two intervals", func() bool {
-		return a.metric(t, "jobreaper_leader_lease_age_seconds") > 2*interval.Seconds()
+	first := a.Metric("jobreaper_leader_lease_age_seconds")
+	fleettest.WaitFor(t, "A's lease age grows past two intervals", func() bool {
+		return a.Metric("jobreaper_leader_lease_age_seconds") > 2*interval.Seconds()
 	})
-	if later := a.metric(t, "jobreaper_leader_lease_age_seconds"); later <= first {
+	if later := a.Metric("jobreaper_leader_lease_age_seconds"); later <= first {
 		t.Fatalf("A's lease age went from %v to %v while it could not renew", first, later)
 	}
 
-	waitFor(t, "B leads", func() bool { return b.leads(t) })
+	fleettest.WaitFor(t, "B leads", b.Leads)
 	for range 20 {
-		la, lb := a.metric(t, "jobreaper_leader"), b.metric(t, "jobreaper_leader")
+		la, lb := a.Metric("jobreaper_leader"), b.Metric("jobreaper_leader")
 		if la != 0 || lb != 1 {
 			t.Fatalf("after the takeover A exports jobreaper_leader %v and B %v, want 0 and 1", la, lb)
 		}
-		if age := b.metric(t, "jobreaper_leader_lease_age_seconds"); age > interval.Seconds() {
+		if age := b.Metric("jobreaper_leader_lease_age_seconds"); age > interval.Seconds() {
 			t.Fatalf("the new leader's lease age is %vs, want under one interval", age)
 		}
 		time.Sleep(150 * time.Millisecond)
 	}
-	if age := a.metric(t, "jobreaper_leader_lease_age_seconds"); age <= 2*interval.Seconds() {
+	if age := a.Metric("jobreaper_leader_lease_age_seconds"); age <= 2*interval.Seconds() {
 		t.Fatalf("A's lease age fell to %vs while it still cannot reach PostgreSQL", age)
 	}
-}
-
-// containsAfter reports whether s holds sub after its first from bytes.
-func containsAfter(s string, from int, sub string) bool {
-	return len(s) > from && strings.Contains(s[from:], sub)
 }
 
 // A replica of the real binary deployed with another Redis database, a
@@ -72,19 +69,21 @@ func containsAfter(s string, from int, sub string) bool {
 // difference stays the same.
 func TestSettingsDriftOfTheBinaryNamesTheRedisItReads(t *testing.T) {
 	t.Parallel()
-	bin := jobstest.BuildJobreaper(t)
+	bin := fleettest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	common := []string{"--database-url", db.URL, "--schema", db.Schema, "--queues", unique("drift"),
 		"--interval", "2s", "--stall-timeout", "11m"}
 	otherRedis := strings.TrimSuffix(redisTestURL(), "/"+redisTestDB) + "/11"
-	a := startReplica(t, bin, "replica A", append(common, "--redis-url", redisTestURL())...)
-	waitFor(t, "A leads", func() bool { return a.leads(t) })
-	b := startReplica(t, bin, "replica B", append(common, "--redis-url", otherRedis,
-		"--max-lost-per-pass", "5", "--cancel-on-reap=false")...)
-	waitFor(t, "B reports settings drift", func() bool { return b.metric(t, "jobreaper_settings_drift") == 1 })
-	passes := a.passes(t)
-	waitFor(t, "A ran three more passes (B made several attempts)", func() bool { return a.passes(t) >= passes+3 })
-	if b.metric(t, "jobreaper_settings_drift") != 1 || a.metric(t, "jobreaper_settings_drift") != 0 {
+	a := fleettest.StartDaemon(t, bin, fleettest.DaemonOptions{Name: "replica A", Args: append(common, "--redis-url", redisTestURL())})
+	fleettest.WaitFor(t, "A leads", a.Leads)
+	b := fleettest.StartDaemon(t, bin, fleettest.DaemonOptions{Name: "replica B", Args: append(common, "--redis-url", otherRedis,
+		"--max-lost-per-pass", "5", "--cancel-on-reap=false")})
+	fleettest.WaitFor(t, "B reports settings drift", func() bool { return b.Metric("jobreaper_settings_drift") == 1 })
+	passes := a.Metric("jobreaper_passes_total")
+	fleettest.WaitFor(t, "A ran three more passes (B made several attempts)", func() bool {
+		return a.Metric("jobreaper_passes_total") >= passes+3
+	})
+	if b.Metric("jobreaper_settings_drift") != 1 || a.Metric("jobreaper_settings_drift") != 0 {
 		t.Fatal("jobreaper_settings_drift is not 1 on B and 0 on A while the drift lasts")
 	}
 	mine, err := queue.RedisID(otherRedis)
@@ -96,7 +95,7 @@ func TestSettingsDriftOfTheBinaryNamesTheRedisItReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	var drifts []string
-	for _, line := range strings.Split(b.stderr.String(), "\n") {
+	for _, line := range strings.Split(b.Log.String(), "\n") {
 		if strings.Contains(line, "level=ERROR") && strings.Contains(line, "settings drift") {
 			drifts = append(drifts, line)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,52 +11,13 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/redistest"
 )
-
-// Environment of the worker process TestWorkerProcess runs as.
-const (
-	envWorkerDB     = "JOBREAPER_TEST_WORKER_DATABASE_URL"
-	envWorkerSchema = "JOBREAPER_TEST_WORKER_SCHEMA"
-	envWorkerRedis  = "JOBREAPER_TEST_WORKER_REDIS_ADDR"
-	envWorkerQueue  = "JOBREAPER_TEST_WORKER_QUEUE"
-)
-
-// TestWorkerProcess is not a test: run as a child process of
-// TestKilledWorker with the variables above set, it is a worker process
-// (an asynq server with the start guard) whose handlers hang until the
-// process is killed. Without them it returns at once.
-func TestWorkerProcess(t *testing.T) {
-	url := os.Getenv(envWorkerDB)
-	if url == "" {
-		return
-	}
-	ctx := context.Background()
-	pool, err := jobs.Connect(ctx, url, os.Getenv(envWorkerSchema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(envWorkerRedis), ContextTimeoutEnabled: true})
-	markers, err := queue.NewMarkerStore(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	guard := queue.NewGuard(jobs.NewStore(pool, jobs.WithSchema(os.Getenv(envWorkerSchema))), markers, queue.WithWorker("w-killed"))
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{Queues: map[string]int{os.Getenv(envWorkerQueue): 1},
-		Concurrency: 4, LogLevel: asynq.FatalLevel, IsFailure: queue.IsFailure})
-	mux := asynq.NewServeMux()
-	mux.Use(guard.Middleware())
-	mux.HandleFunc("report.export", func(context.Context, *asynq.Task) error { select {} })
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	select {} // until SIGKILL
-}
 
 // A worker process is killed with SIGKILL on its tasks' last attempt;
 // asynq archives the tasks (the recoverer of another live worker process of
@@ -77,12 +37,9 @@ func TestKilledWorker_LostTaskIsReapedOnceWithItsCascade(t *testing.T) {
 	for _, id := range []string{ja, jb} {
 		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q})
 	}
-	child := exec.Command(os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1")
-	child.Env = append(os.Environ(), envWorkerDB+"="+db.URL, envWorkerSchema+"="+db.Schema, envWorkerRedis+"="+srv.Addr, envWorkerQueue+"="+q)
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	// A worker process whose handlers hang until the process dies.
+	child := fleettest.StartWorker(t, fleettest.BuildWorker(t), fleettest.WorkerOptions{Name: "w-killed",
+		DatabaseURL: db.URL, Schema: db.Schema, RedisURL: srv.URL, Queue: q, Args: []string{"--kind", "hang"}})
 	store := db.Store()
 	client := asynq.NewClientFromRedisClient(rdb)
 	jobstest.Eventually(t, "the worker process serves the queue", func() bool {
@@ -110,10 +67,8 @@ func TestKilledWorker_LostTaskIsReapedOnceWithItsCascade(t *testing.T) {
 			live.Shutdown()
 		}
 	})
-	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = child.Wait()
+	child.Signal(t, syscall.SIGKILL)
+	child.Wait(t)
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	deadline := time.Now().Add(3 * time.Minute) // asynq: a 30 s lease, a recoverer every minute
 	for {

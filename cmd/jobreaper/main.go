@@ -16,8 +16,10 @@
 //	jobreaper version          print the version and VCS revision
 //
 // Exit codes: 0 a clean pass (or a clean shutdown), 1 a pass with errors
-// (the log names them), 2 could not run (bad flags or config, PostgreSQL
-// or Redis unreachable).
+// or one that panicked (the log names them), 2 could not run (bad flags or
+// config, PostgreSQL or Redis unreachable), 3 the daemon stopped after
+// three passes in a row panicked (its leader lease released), to be
+// restarted by its supervisor.
 // Run jobreaper --help for every flag.
 package main
 

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // readyCheckEvery is how often the daemon checks PostgreSQL and Redis for
@@ -22,24 +25,34 @@ const readyCheckEvery = 2 * time.Second
 // readiness holds the outcome of the last PostgreSQL and Redis checks that
 // /readyz reports. A follower of the leader lease is ready: readiness
 // says whether this replica could run passes, not whether it runs them.
+// Once the daemon gives up (fail), /readyz and /healthz answer 503.
 type readiness struct {
 	pool      *pgxpool.Pool
 	rdb       redis.UniversalClient
 	opTimeout time.Duration
 	log       *slog.Logger
+	metrics   *reaper.Metrics
 
 	mu       sync.Mutex
 	problems map[string]string // dependency -> why its last check failed
 	checked  bool
+	// fatal, when set, is why the daemon gave up and is stopping.
+	fatal string
 
 	stopped chan struct{}
 }
 
+// checkProblem is the problems key of a check that panicked.
+const checkProblem = "check"
+
 // startReadiness checks both dependencies once, then every
 // readyCheckEvery in the background until ctx is done; wait for it with
-// stop.
-func startReadiness(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opTimeout time.Duration, log *slog.Logger) *readiness {
-	r := &readiness{pool: pool, rdb: rdb, opTimeout: opTimeout, log: log.With("component", "readyz"), stopped: make(chan struct{})}
+// stop. A check that panics is recovered, logged and counted in metrics
+// (which may be nil), and reported as a failed check.
+func startReadiness(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opTimeout time.Duration, log *slog.Logger,
+	metrics *reaper.Metrics) *readiness {
+	r := &readiness{pool: pool, rdb: rdb, opTimeout: opTimeout, log: log.With("component", "readyz"), metrics: metrics,
+		stopped: make(chan struct{})}
 	r.check(ctx)
 	go func() {
 		defer close(r.stopped)
@@ -65,8 +78,22 @@ func (r *readiness) stop() {
 }
 
 // check runs both checks, each bounded by the op timeout, and records
-// their outcomes; a change is logged.
+// their outcomes; a change is logged. A panic in a check is recovered
+// here, on the goroutine it happened on: logged at ERROR with its stack,
+// counted, and recorded as a failed check until a check succeeds.
 func (r *readiness) check(ctx context.Context) {
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		r.log.Error("readiness check panicked; it was recovered and counts as a failed check", "panic", fmt.Sprint(v),
+			"stack", string(debug.Stack()))
+		r.metrics.CountPanic()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.problems, r.checked = map[string]string{checkProblem: fmt.Sprintf("the readiness check panicked: %v", v)}, true
+	}()
 	problems := map[string]string{}
 	pctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	if err := r.pool.Ping(pctx); err != nil {
@@ -96,12 +123,26 @@ func (r *readiness) check(ctx context.Context) {
 	r.problems, r.checked = problems, true
 }
 
+// fail makes /readyz and /healthz answer 503 with why from now on: the
+// daemon gave up and is stopping.
+func (r *readiness) fail(why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fatal = why
+}
+
 // ServeHTTP answers /readyz: 200 "ready" when the last checks of both
-// dependencies succeeded, else 503 naming each failing dependency and why.
+// dependencies succeeded, else 503 naming each failing dependency and why;
+// 503 with the reason once the daemon gave up.
 func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.fatal != "" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintf(w, "not ready: %s\n", r.fatal)
+		return
+	}
 	if len(r.problems) == 0 {
 		_, _ = w.Write([]byte("ready\n"))
 		return
@@ -113,5 +154,25 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprintf(&b, "not ready: %s check failed: %s\n", dep, why)
 		}
 	}
+	if why, ok := r.problems[checkProblem]; ok {
+		fmt.Fprintf(&b, "not ready: %s\n", why)
+	}
 	_, _ = w.Write([]byte(b.String()))
+}
+
+// serveHealthz answers /healthz: 200 "ok" while the process runs its
+// passes (whether they succeed is for
+// jobreaper_last_success_timestamp_seconds and its alert, since a restart
+// does not fix an unreachable database), 503 with the reason once the
+// daemon gave up (a restart may fix that).
+func (r *readiness) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fatal != "" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = fmt.Fprintf(w, "not healthy: %s\n", r.fatal)
+		return
+	}
+	_, _ = w.Write([]byte("ok\n"))
 }

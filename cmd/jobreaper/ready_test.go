@@ -2,13 +2,15 @@ package main
 
 import (
 	"context"
-	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
@@ -59,36 +61,30 @@ func (d *daemon) stop(t *testing.T) int {
 	return -1
 }
 
-// probe returns the status code and body of GET path on the daemon.
+// probe returns the status code and body of GET path on the daemon,
+// failing the test when nothing answers.
 func (d *daemon) probe(t *testing.T, path string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+d.addr+path, nil)
-	if err != nil {
-		t.Fatal(err)
+	code, body := fleettest.Probe(d.addr, path)
+	if code == 0 {
+		t.Fatalf("GET %s: %s", path, body)
 	}
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	return code, body
 }
 
 func TestReadyz(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
-	// The daemon reaches PostgreSQL through a proxy the test cuts: the
+	// The daemon reaches PostgreSQL through a relay the test cuts: the
 	// shared server itself is never touched.
-	proxy, url := proxyPostgres(t, db.URL)
+	relay, url := fleettest.RelayURL(t, db.URL)
 	d := startDaemon(t, "--database-url", url, "--schema", db.Schema, "--redis-url", redisTestURL(),
 		"--queues", unique("ready"), "--interval", "1s", "--stall-timeout", "11m", "--op-timeout", "2s")
 
 	if code, body := d.probe(t, "/readyz"); code != http.StatusOK || body != "ready\n" {
 		t.Fatalf("/readyz = %d %q, want 200 ready", code, body)
 	}
-	proxy.cut()
+	relay.Cut()
 	var body string
 	jobstest.Eventually(t, "/readyz answers 503 naming PostgreSQL", func() bool {
 		var code int
@@ -101,12 +97,33 @@ func TestReadyz(t *testing.T) {
 	if code, _ := d.probe(t, "/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz = %d while PostgreSQL is away, want 200 (it stays as it is)", code)
 	}
-	proxy.restore()
+	relay.Restore()
 	jobstest.Eventually(t, "/readyz answers 200 again", func() bool {
 		code, _ := d.probe(t, "/readyz")
 		return code == http.StatusOK
 	})
 	if code := d.stop(t); code != exitOK {
 		t.Fatalf("exit code %d:\n%s", code, d.stderr.String())
+	}
+}
+
+// A readiness check that panics (here: it has no pool and no client to
+// ping) is recovered where it happens: logged once at ERROR with its
+// stack, /readyz answers 503 saying so, and the checks stop when asked.
+func TestReadinessCheckPanicIsContained(t *testing.T) {
+	t.Parallel()
+	var log jobstest.SyncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	ready := startReadiness(ctx, nil, nil, time.Second, slog.New(slog.NewTextHandler(&log, nil)), nil)
+	rec := httptest.NewRecorder()
+	ready.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "panicked") {
+		t.Fatalf("/readyz = %d %q, want 503 saying the check panicked", rec.Code, rec.Body.String())
+	}
+	cancel()
+	ready.stop()
+	if got := log.String(); strings.Count(got, "readiness check panicked") != 1 || !strings.Contains(got, "level=ERROR") ||
+		!strings.Contains(got, "goroutine ") {
+		t.Fatalf("the panic is not logged once at ERROR with its stack:\n%s", got)
 	}
 }

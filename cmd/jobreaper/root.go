@@ -19,13 +19,19 @@ const (
 	exitOK = 0
 	// exitPassErrors: the pass ran but counted errors (a queue that could
 	// not be listed, a row load, task lookup, reap or marker write that
-	// failed); see the log. The next pass retries the listing, the load,
+	// failed), or it panicked; see the log. The next pass retries the listing, the load,
 	// the lookup and the reap, and a later pass re-sets a marker whose
 	// write failed; the job's FAILED row refuses its task meanwhile.
 	exitPassErrors = 1
 	// exitCannotRun: nothing ran: bad flags or config, PostgreSQL or Redis
 	// unreachable, schema not migrated.
 	exitCannotRun = 2
+	// exitPanicked: the daemon (run) stopped because reaper.PanickedPassesMax
+	// passes in a row panicked; it released its leader lease first. A code
+	// of its own, not 0, so that systemd's Restart=on-failure and
+	// Kubernetes restart it, and not 2, which says a setting or a server
+	// is at fault.
+	exitPanicked = 3
 )
 
 // exitError carries a command's exit code to execute. A nil err means the
@@ -104,10 +110,11 @@ JOBREAPER_STALL_TIMEOUT), and the flags below. Durations use Go syntax:
 90s, 5m, 1h30m.
 
 Exit codes: 0 done (run --once: a clean pass); 1 run --once: the pass had
-errors, the mass-loss limit held its lost_task reaps back, or a signal
-stopped it before its end; requeue, cancel: a job was refused or failed;
-inspect: no such job; prune: refused or stopped; 2 could not run. README.md
-has the whole table.`,
+errors or panicked, the mass-loss limit held its lost_task reaps back, or a
+signal stopped it before its end; requeue, cancel: a job was refused or failed;
+inspect: no such job; prune: refused or stopped; 2 could not run; 3 run
+(the daemon): 3 passes in a row panicked, so it released its leader lease
+and stopped to be restarted. README.md has the whole table.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,

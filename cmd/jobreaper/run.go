@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,10 +47,14 @@ func (a *app) runCmd() *cobra.Command {
 then one every --interval, until SIGTERM or SIGINT. It serves /metrics and
 /healthz on --metrics-addr, and /readyz (200 when the last PostgreSQL and
 Redis checks succeeded, 503 naming the failing one). A failed pass is
-logged and the next one runs.
+logged and the next one runs. A pass that panics is recovered, logged with
+its stack and counted (jobreaper_passes_total{outcome="panicked"}), and the
+next one runs; after 3 in a row the daemon releases its leader lease,
+answers 503 on /readyz and /healthz for 5s and exits with code 3, so that
+systemd (Restart=on-failure) or Kubernetes restarts it.
 
 run --once runs one pass, prints what it did on stdout and exits 0 if the
-pass was clean, 1 if it counted errors or held marker writes
+pass was clean, 1 if it counted errors, panicked or held marker writes
 (markers_held > 0: no live asynq server serves a queue of the pass in that
 Redis, a wrong --redis-url looks the same, so no marker was written
 there), 2 if it could not run (also, with --strict-queues, when a queue of
@@ -57,13 +62,14 @@ there), 2 if it could not run (also, with --strict-queues, when a queue of
 With --output json, stdout is exactly one JSON document: the summary
 {"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
 "lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
-"interrupted":false,"queues_not_found":[...],"scanned_by":{...},"bad_queue_names":N,
-"markers_held":N,"queues_did_you_mean":{...}} (interrupted: a signal stopped the
-pass before its end, exit 1; scanned_by: every scanned active task by outcome,
-adding up to scanned; bad_queue_names: queue names no PostgreSQL text or
-metric label can hold, skipped), or, when the command
-could not run once its flags were read (exit 2), {"error":"<message>"} with
-the message also on stderr. --output applies to --once only.
+"interrupted":false,"panicked":false,"queues_not_found":[...],"scanned_by":{...},
+"bad_queue_names":N,"markers_held":N,"queues_did_you_mean":{...}} (interrupted: a
+signal stopped the pass before its end, exit 1; panicked: the pass ended at
+a panic, exit 1; scanned_by: every scanned active task by outcome, adding up
+to scanned; bad_queue_names: queue names no PostgreSQL text or metric label
+can hold, skipped), or, when the command could not run once its flags were
+read (exit 2), {"error":"<message>"} with the message also on stderr.
+--output applies to --once only.
 Logs always go to stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -91,7 +97,7 @@ Logs always go to stderr.`,
 		},
 	}
 	config.RegisterFlags(cmd.Flags())
-	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors, 2 could not run)")
+	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors or a panic, 2 could not run)")
 	cmd.Flags().StringVar(&output, "output", outputText,
 		`format of the --once summary on stdout: text or json (json: one document, {"error":"..."} when it could not run)`)
 	mode.register(cmd)
@@ -222,6 +228,12 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	}
 	res, err := d.reaper.RunOnce(ctx)
 	switch {
+	case res.Panicked:
+		// Logged with its stack; what it did before is not known: never 0.
+		if err := a.printSummary(res, output, mode, redis); err != nil {
+			return err
+		}
+		return &exitError{code: exitPassErrors}
 	case res.Interrupted:
 		// Also when the stop came before the pass could list anything
 		// (err set): a stopped pass, not one that could not run.
@@ -406,6 +418,9 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	if res.Interrupted {
 		line += ", interrupted (a signal stopped the pass before its end: run it again)"
 	}
+	if res.Panicked {
+		line += ", panicked (the pass ended at a panic, logged with its stack on stderr: report it, and run the pass again)"
+	}
 	line += fmt.Sprintf(", errors %d", res.Errors)
 	if res.Errors > 0 {
 		line += " (see the log on stderr; the next pass retries a failed queue listing, load, task lookup or reap " +
@@ -436,7 +451,7 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	// The readiness checks run until the daemon stops (readyCtx) and are
 	// waited for before the clients close.
 	readyCtx, stopReady := context.WithCancel(ctx)
-	ready := startReadiness(readyCtx, d.pool, d.rdb, cfg.OpTimeout, log)
+	ready := startReadiness(readyCtx, d.pool, d.rdb, cfg.OpTimeout, log, mode.metrics)
 	defer ready.stop()
 	defer stopReady()
 	srv, err := startMetricsServer(ctx, cfg.MetricsAddr, reg, ready, log)
@@ -457,6 +472,8 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 		mainLog.Info("stopping on signal")
 	case err := <-srv.failed:
 		failure = cannotRun("the metrics server on %s stopped: %v; the daemon stops with it so that it is restarted", cfg.MetricsAddr, err)
+	case err := <-d.reaper.Fatal():
+		failure = giveUp(ctx, err, ready, srv, mainLog)
 	}
 	// Stop order:
 	// 1. The reaper: no pass starts after this, and Stop waits for a
@@ -475,6 +492,31 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 		mainLog.Info("jobreaper stopped")
 	}
 	return failure
+}
+
+// fatalExitGrace is how long a daemon that gave up keeps answering 503 on
+// /readyz and /healthz, with the reason, before it exits: long enough for
+// an operator's probe in a loop or a load balancer to see why, short
+// enough not to delay the restart noticeably. A signal ends it at once.
+const fatalExitGrace = 5 * time.Second
+
+// giveUp handles the reaper's fatal condition (err, from Fatal: its loop
+// has ended and its leader lease is released): /readyz and /healthz
+// answer 503 saying why for fatalExitGrace (skipped without a metrics
+// server), then the daemon stops with exit code 3, so that its supervisor
+// restarts it.
+func giveUp(ctx context.Context, err error, ready *readiness, srv *metricsServer, log *slog.Logger) error {
+	why := fmt.Sprintf("%v; the daemon runs no more passes, has given its leader lease up if it held one, "+
+		"and is stopping (exit code %d) so that it is restarted", err, exitPanicked)
+	ready.fail(why)
+	log.Error("giving up: "+why+"; see the stacks logged above", "exit_in", fatalExitGrace.String())
+	if srv != nil && srv.srv != nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(fatalExitGrace):
+		}
+	}
+	return &exitError{code: exitPanicked, err: errors.New(why)}
 }
 
 func queuesAttr(queues []string) string {

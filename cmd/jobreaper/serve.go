@@ -30,21 +30,19 @@ type metricsServer struct {
 // startMetricsServer listens on addr before returning, so that a port in
 // use is an exit-2 error at start, and serves in the background. reg gets
 // the Go runtime and process collectors besides the reaper's metrics.
-// ready answers /readyz.
-func startMetricsServer(ctx context.Context, addr string, reg *prometheus.Registry, ready http.Handler, log *slog.Logger) (*metricsServer, error) {
+// ready answers /readyz and /healthz.
+func startMetricsServer(ctx context.Context, addr string, reg *prometheus.Registry, ready *readiness, log *slog.Logger) (*metricsServer, error) {
 	if addr == config.MetricsAddrOff {
 		return &metricsServer{}, nil
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	// /healthz says the process is up and serving; whether passes succeed
-	// is for jobreaper_last_success_timestamp_seconds and its alert, since
-	// restarting the daemon does not fix an unreachable database.
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	// /healthz says the process is up and running its passes; whether
+	// passes succeed is for jobreaper_last_success_timestamp_seconds and
+	// its alert, since restarting the daemon does not fix an unreachable
+	// database. It answers 503 once the daemon gave up (ready.fail).
+	mux.HandleFunc("GET /healthz", ready.serveHealthz)
 	// /readyz says whether this replica's last PostgreSQL and Redis checks
 	// succeeded: a load balancer or an operator's probe reads it; a
 	// follower of the leader lease is ready.

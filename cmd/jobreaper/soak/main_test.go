@@ -7,7 +7,6 @@ package soak
 
 import (
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 )
@@ -16,22 +15,4 @@ func TestMain(m *testing.M) {
 	// The RSS sampler and the daemon's log reader end before the test
 	// does; the worker processes close their pools, clients and server.
 	goleak.VerifyTestMain(m)
-}
-
-// fleetDeadline bounds the waits of the soak's set-up and shut-down (a
-// process starting, a server registering, a process exiting): they poll,
-// and a slow CI machine gets plenty of room.
-const fleetDeadline = 90 * time.Second
-
-// waitFor polls cond every 100 ms until it holds, failing the test after
-// fleetDeadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(fleetDeadline)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", fleetDeadline, what)
-		}
-		time.Sleep(100 * time.Millisecond) // polling
-	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -143,7 +144,7 @@ func TestReliabilitySoak(t *testing.T) {
 			soakDrainMax+time.Minute, time.Until(deadline).Round(time.Second))
 	}
 	ctx := context.Background()
-	bin := jobstest.BuildJobreaper(t)
+	bin := fleettest.BuildJobreaperRelease(t)
 	db := jobstest.New(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -165,15 +166,14 @@ func TestReliabilitySoak(t *testing.T) {
 
 	daemon := startSoakDaemon(t, bin, "--config", config, "--database-url", db.URL, "--schema", db.Schema,
 		"--redis-url", srv.URL, "--queues", q, "--interval", soakInterval.String(), "--stall-timeout", soakStallTimeout.String(),
-		"--heartbeat-interval", soakHeartbeatInterval.String(), "--metrics-addr", "127.0.0.1:0", "--start-jitter", "0s",
-		"--log-format", "json", "--log-level", "debug")
-	waitFor(t, "the daemon ran its first pass", func() bool { return daemon.passStats().Passes > 0 })
+		"--heartbeat-interval", soakHeartbeatInterval.String(), "--log-format", "json", "--log-level", "debug")
+	fleettest.WaitFor(t, "the daemon ran its first pass", func() bool { return daemon.passStats().Passes > 0 })
 	workers := make([]*exec.Cmd, soakWorkers)
 	for i := range workers {
 		workers[i] = startSoakWorker(t, db, srv.Addr, q, fmt.Sprintf("soak-w%d", i+1))
 	}
 	insp := asynq.NewInspectorFromRedisClient(rdb)
-	waitFor(t, "the worker processes serve the queue", func() bool {
+	fleettest.WaitFor(t, "the worker processes serve the queue", func() bool {
 		servers, err := insp.Servers()
 		return err == nil && len(servers) == soakWorkers
 	})
@@ -185,7 +185,7 @@ func TestReliabilitySoak(t *testing.T) {
 	}
 	rssDone, stopRSS := make(chan rssResult, 1), make(chan struct{})
 	go func() {
-		p, err := sampleRSS(daemon.cmd.Process.Pid, length, stopRSS)
+		p, err := sampleRSS(daemon.Pid(), length, stopRSS)
 		rssDone <- rssResult{p, err}
 	}()
 	seed := rand.Uint64()
@@ -225,7 +225,9 @@ func TestReliabilitySoak(t *testing.T) {
 	for _, w := range workers {
 		stopSoakWorker(t, w)
 	}
-	daemon.stop(t)
+	if code := daemon.Stop(t); code != 0 {
+		t.Errorf("the daemon's exit after SIGTERM: %d (want 0)", code)
+	}
 
 	res := soakCheck(t, db, rdb)
 	ps := daemon.passStats()
@@ -355,7 +357,7 @@ func soakConfigYAML(c jobs.Cascades) []byte {
 // when the test fails; it is killed at cleanup if still running.
 func startSoakWorker(t *testing.T, db *jobstest.DB, redisAddr, q, name string) *exec.Cmd {
 	t.Helper()
-	tail := newTailBuffer(32 << 10)
+	tail := &fleettest.Log{Tail: 32 << 10}
 	// -test.timeout=0: a child of an hour's soak must not stop at go test's
 	// default 10 minutes.
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSoakWorkerProcess$", "-test.count=1", "-test.timeout=0")
@@ -391,10 +393,10 @@ func stopSoakWorker(t *testing.T, cmd *exec.Cmd) {
 		if err != nil {
 			t.Logf("worker process exit: %v", err)
 		}
-	case <-time.After(fleetDeadline):
+	case <-time.After(fleettest.Deadline):
 		_ = cmd.Process.Kill()
 		<-exited
-		t.Errorf("a worker process did not exit within %s of SIGTERM", fleetDeadline)
+		t.Errorf("a worker process did not exit within %s of SIGTERM", fleettest.Deadline)
 	}
 }
 

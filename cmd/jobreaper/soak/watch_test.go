@@ -1,49 +1,19 @@
 package soak
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
-
-// tailBuffer keeps the last max bytes written to it, so that a process's
-// log can be shown when a test fails without the test's memory growing
-// with the length of the run.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func newTailBuffer(max int) *tailBuffer { return &tailBuffer{max: max} }
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf = append(b.buf, p...)
-	if over := len(b.buf) - b.max; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.buf)
-}
 
 // passStats is what the soak reads from the daemon's own log (JSON lines
 // at debug level: every pass logs its end with duration_ms, whatever it
@@ -69,55 +39,25 @@ type passStats struct {
 }
 
 // soakDaemon is one `jobreaper run` process of the real binary whose
-// stderr is parsed line by line as it is written (constant memory).
+// log is parsed line by line as it is written (constant memory: the
+// harness keeps only the end of it, without the "job skipped" lines).
 type soakDaemon struct {
-	cmd  *exec.Cmd
-	tail *tailBuffer
-	done chan struct{} // closed when the log reader returns
+	*fleettest.Daemon
 
 	mu    sync.Mutex
 	stats passStats
 }
 
 // startSoakDaemon starts bin as a daemon with args (which must include
-// --log-format json --log-level debug) and reads its log. It is stopped
-// (SIGKILL) at cleanup if still running; stop ends it cleanly.
+// --log-format json --log-level debug) and reads its log. It is killed at
+// cleanup if still running; Stop ends it cleanly.
 func startSoakDaemon(t *testing.T, bin string, args ...string) *soakDaemon {
 	t.Helper()
-	d := &soakDaemon{tail: newTailBuffer(64 << 10), done: make(chan struct{})}
-	d.cmd = exec.Command(bin, append([]string{"run"}, args...)...)
-	stderr, err := d.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go d.read(stderr)
-	t.Cleanup(func() {
-		_ = d.cmd.Process.Kill()
-		<-d.done
-		_ = d.cmd.Wait()
-		if t.Failed() {
-			t.Logf("the daemon's log (its end):\n%s", d.tail.String())
-		}
-	})
+	d := &soakDaemon{}
+	d.Daemon = fleettest.StartDaemon(t, bin, fleettest.DaemonOptions{Name: "the daemon", Args: args, LogTail: 64 << 10,
+		LogKeep: func(line []byte) bool { return !bytes.Contains(line, []byte(`"msg":"job skipped"`)) },
+		OnLine:  d.parse})
 	return d
-}
-
-// read parses the daemon's log lines until the pipe closes.
-func (d *soakDaemon) read(r io.Reader) {
-	defer close(d.done)
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if !bytes.Contains(line, []byte(`"msg":"job skipped"`)) {
-			_, _ = d.tail.Write(append(line, '\n'))
-		}
-		d.parse(line)
-	}
-	_, _ = io.Copy(io.Discard, r)
 }
 
 func (d *soakDaemon) parse(line []byte) {
@@ -167,22 +107,6 @@ func (d *soakDaemon) passStats() passStats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.stats
-}
-
-// stop ends the daemon with SIGTERM and waits for it to exit.
-func (d *soakDaemon) stop(t *testing.T) {
-	t.Helper()
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("stopping the daemon: %v", err)
-	}
-	select {
-	case <-d.done:
-	case <-time.After(fleetDeadline):
-		t.Fatalf("the daemon did not exit within %s of SIGTERM", fleetDeadline)
-	}
-	if err := d.cmd.Wait(); err != nil {
-		t.Errorf("the daemon's exit after SIGTERM: %v (want 0)", err)
-	}
 }
 
 // rssPeaks is the peak resident set size (VmRSS of /proc/<pid>/status) of

@@ -1,0 +1,40 @@
+// Package fleettest runs the real processes of a jobreaper deployment for
+// the multi-process tests: daemons (the jobreaper binary) and workers (a
+// small asynq worker program with the start guard), each talking to
+// PostgreSQL and Redis through a relay of its own that the test can cut
+// and restore, so that one process loses a server while the others keep
+// it, without touching the shared servers.
+//
+// The pieces, each usable alone:
+//
+//   - Relay (relay.go): a TCP relay from a loopback port to a server, cut
+//     and restored on the same address. RelayURL rewrites a PostgreSQL or
+//     Redis URL to go through a new one.
+//   - BuildJobreaper, BuildJobreaperRelease, BuildWorker (build.go): the
+//     binaries, built into the test's temporary directory. BuildJobreaper
+//     builds with the failpoints tag, so a test can make one daemon panic
+//     or pause at a named point (package internal/failpoint); the release
+//     build ignores JOBREAPER_FAILPOINTS.
+//   - Daemon (daemon.go): `jobreaper run` started with its own relays and
+//     a metrics server on a free port; its log captured; /metrics,
+//     /readyz and /healthz scraped; signalled; its exit code waited for.
+//   - Worker (worker.go): the worker program of package
+//     internal/fleettest/worker, with its own relays; it says what its
+//     handlers do on stdout, one line each, which the test awaits.
+//   - Metric, Probe (probe.go): one scrape or probe of any metrics
+//     address, also for a daemon the test runs in-process.
+//
+// Every wait polls with a deadline (Deadline, 10x what a slow shared CI
+// machine needs); every process is killed at the test's cleanup, and its
+// log is shown when the test failed. Later scenarios (outages, storms)
+// add their steps on top of these pieces instead of copying them.
+package fleettest
+
+import "time"
+
+// Deadline bounds every wait of the harness: it polls, and a slow CI
+// machine (two cores shared, -race in the parent) gets plenty of room.
+const Deadline = 90 * time.Second
+
+// pollEvery is how often the waits poll.
+const pollEvery = 50 * time.Millisecond
