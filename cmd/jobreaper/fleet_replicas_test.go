@@ -19,9 +19,10 @@ func TestLeaderMetricsOfAReplicaCutOffFromPostgreSQL(t *testing.T) {
 	bin := fleettest.BuildJobreaper(t)
 	db := jobstest.New(t)
 	const interval = 2 * time.Second
+	q := unique("cutoff")
 	opts := func(name string) fleettest.DaemonOptions {
 		return fleettest.DaemonOptions{Name: name, DatabaseURL: db.URL, RedisURL: redisTestURL(),
-			Args: []string{"--schema", db.Schema, "--queues", unique("cutoff"), "--interval", interval.String(), "--stall-timeout", "11m"}}
+			Args: []string{"--schema", db.Schema, "--queues", q, "--interval", interval.String(), "--stall-timeout", "11m"}}
 	}
 	a := fleettest.StartDaemon(t, bin, opts("replica A"))
 	fleettest.WaitFor(t, "A leads", a.Leads)
