@@ -140,10 +140,11 @@ func fieldErrors(err error) []*FieldError {
 var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", "log_format"}
 
 // RequeueKeys are the settings `jobreaper requeue` uses: PostgreSQL and
-// Redis, the queues and the age of --stale, and the log settings. Pass them
-// to Only so that a daemon-only setting cannot stop an operator's requeue.
+// Redis, the queues and the age of --stale, the log settings, and the
+// cascades (a requeue runs the type's on_requeued cascade). Pass them to
+// Only so that a daemon-only setting cannot stop an operator's requeue.
 var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "redis_tls_server_name", "schema", "op_timeout", "log_level", "log_format",
-	"queues", "stale_queued_after"}
+	"queues", "stale_queued_after", "cascades"}
 
 // PruneKeys are the settings `jobreaper prune` uses: like migrate, it
 // contacts only PostgreSQL.

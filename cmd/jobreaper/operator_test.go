@@ -101,9 +101,12 @@ func TestCancelCommand(t *testing.T) {
 		db.Insert(t, jobstest.Job{ID: "done", Type: "report.export", Status: jobs.StatusCompleted})
 		r := run(t, opsArgs(db, "cancel", "--reason", "x", "done", "nope")...)
 		requireExit(t, r, exitPassErrors)
-		if !strings.Contains(r.stderr, "job done is COMPLETED; only a QUEUED or PROCESSING job can be cancelled") ||
-			!strings.Contains(r.stderr, `job "nope" not found`) || r.stdout != "" {
-			t.Fatalf("stderr = %q stdout = %q", r.stderr, r.stdout)
+		// Refusals are lines of the command's output, on stdout like the
+		// cancelled ones (and like requeue's); stderr has the summary.
+		want := "refused job \"done\": it is COMPLETED; only a QUEUED or PROCESSING job can be cancelled; nothing changed\n" +
+			"refused job \"nope\": no job has this ID (check the ID and --schema); nothing changed\n"
+		if r.stdout != want || !strings.Contains(r.stderr, "2 job(s) not cancelled") {
+			t.Fatalf("stdout = %q, want %q; stderr = %q", r.stdout, want, r.stderr)
 		}
 		if row := db.Read(t, "done"); row.Status != jobs.StatusCompleted {
 			t.Fatalf("row = %+v", row)

@@ -129,7 +129,7 @@ var badCLICases = []badCLICase{
 	{"InspectNonASCIIMatchingNoRow", onDB("inspect", "rapport-été-日本"), exitPassErrors, []string{`job "rapport-été-日本" not found`}},
 	{"CancelWithoutReason", onDB("cancel", "J-stalled"), exitCannotRun, []string{"cancel needs --reason"}},
 	{"CancelNulByte", onDB("cancel", "--reason", "test", "J\x00"), exitPassErrors, []string{`"J\x00"`, "nothing changed"}},
-	{"CancelOddIDMatchingNoRow", onDB("cancel", "--reason", "test", "{braces} and spaces"), exitPassErrors, []string{`job "{braces} and spaces" not found`}},
+	{"CancelOddIDMatchingNoRow", onDB("cancel", "--reason", "test", "{braces} and spaces"), exitPassErrors, []string{`refused job "{braces} and spaces": no job has this ID`}},
 	{"RequeueNulByte", onDB("requeue", "--reason", "test", "J\x00"), exitPassErrors, []string{`refused "J\x00": job ID "J\x00" contains a NUL byte`}},
 	{"RequeueInvalidUTF8", onDB("requeue", "--reason", "test", "J\xff"), exitPassErrors, []string{`refused "J\xff": job ID "J\xff" is not valid UTF-8`}},
 	{"RequeueIDWithANewline", onDB("requeue", "--reason", "test", "J\nrequeued J-stalled"), exitPassErrors, []string{`refused "J\nrequeued J-stalled": no job has this ID`}},
