@@ -163,6 +163,13 @@ VALUES ($1, 'page-1', 1, 0, 10, 10)`, id)
 	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("job_events")+` WHERE job_id = 'recent'`); n != 2 {
 		t.Fatalf("recent job's events = %d, want 2", n)
 	}
+	// One row per run that deleted (not the refused run, not the dry run),
+	// naming who ran it.
+	requireTotal(1, "prune_runs")
+	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("prune_runs")+
+		` WHERE older_than = interval '8 days' AND events = 2 AND batches = 1 AND complete AND operator = $1`, operatorName()); n != 1 {
+		t.Fatal("the prune's prune_runs row does not hold its counts, age and operator")
+	}
 }
 
 func TestInspectCommand(t *testing.T) {
