@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -149,6 +150,13 @@ var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "redis_
 // PruneKeys are the settings `jobreaper prune` uses: like migrate, it
 // contacts only PostgreSQL.
 var PruneKeys = MigrateKeys
+
+// RunOnceKeys are the settings whose problems stop `jobreaper run --once`:
+// every setting but marker_check_window. The window paces the daemon's
+// re-assertion of markers, a slice per pass, so its rule (at least
+// interval) is the daemon's; a manual pass re-asserts every marker of the
+// last 7 days at once and never reads it.
+var RunOnceKeys = slices.DeleteFunc(knownKeys(), func(k string) bool { return k == "marker_check_window" })
 
 // InspectKeys are the settings `jobreaper inspect` uses: PostgreSQL for the
 // record, Redis for the marker and asynq's task state.
