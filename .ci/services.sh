@@ -9,8 +9,10 @@ set -euo pipefail
 
 log() { printf 'services: %s\n' "$*" >&2; }
 
-apt_install() {
-	log "installing $* with apt-get"
+apt_install() { # apt_install <why> <package...>
+	local why=$1
+	shift
+	log "installing $* with apt-get: $why"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "$@" >/dev/null
@@ -32,7 +34,7 @@ wait_for() { # wait_for <what> <command...>: up to 60 s
 # --- PostgreSQL -------------------------------------------------------------
 installed_pg=false
 if ! command -v pg_ctlcluster >/dev/null 2>&1 || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
-	apt_install postgresql postgresql-client
+	apt_install "the tests run against a real PostgreSQL (127.0.0.1:5432, user postgres, database test)" postgresql postgresql-client
 	installed_pg=true
 fi
 pg_version=$(ls /etc/postgresql | sort -V | tail -n 1)
@@ -59,7 +61,7 @@ fi
 
 # --- Redis ------------------------------------------------------------------
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-	apt_install redis-server redis-tools
+	apt_install "the tests run asynq on a real Redis (127.0.0.1:6379)" redis-server redis-tools
 fi
 if [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" != "PONG" ]; then
 	log "starting Redis"
@@ -73,7 +75,7 @@ wait_for "Redis on 127.0.0.1:6379" redis_ping
 # Installed only: the pooled-connection tests start their own PgBouncer on a
 # free port, as the postgres user (PgBouncer refuses to run as root).
 if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
-	apt_install pgbouncer
+	apt_install "the pooled-connection tests start their own PgBouncer in transaction mode" pgbouncer
 fi
 
 log "PostgreSQL and Redis are up; PgBouncer is installed"

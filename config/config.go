@@ -166,9 +166,9 @@ type Config struct {
 	// Empty, the default, verifies each connection against the host of
 	// the address it dialled.
 	RedisTLSServerName string `yaml:"redis_tls_server_name" koanf:"redis_tls_server_name"`
-	// Cascades are each job type's on_failed and on_completed statements.
-	// They are read from the config file only (SQL does not belong in a
-	// flag or an environment variable).
+	// Cascades are each job type's on_failed, on_completed and
+	// on_requeued statements. They are read from the config file only (SQL
+	// does not belong in a flag or an environment variable).
 	Cascades jobs.Cascades `yaml:"cascades" koanf:"cascades"`
 }
 

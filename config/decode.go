@@ -136,15 +136,15 @@ func stringList(val any) ([]string, error) {
 }
 
 // decodeCascades reads the file's cascades: a map from job type to a map
-// with on_failed and on_completed, each a list of SQL statements (or one
-// statement as a string).
+// with on_failed, on_completed and on_requeued, each a list of SQL
+// statements (or one statement as a string).
 func decodeCascades(val any) (jobs.Cascades, []error) {
 	if val == nil {
 		return nil, nil
 	}
 	types, ok := val.(map[string]any)
 	if !ok {
-		return nil, []error{&FieldError{Key: keyCascades, Msg: "cascades is not a map from job type to on_failed/on_completed statements"}}
+		return nil, []error{&FieldError{Key: keyCascades, Msg: "cascades is not a map from job type to on_failed/on_completed/on_requeued statements"}}
 	}
 	out := jobs.Cascades{}
 	var errs []error
@@ -152,22 +152,24 @@ func decodeCascades(val any) (jobs.Cascades, []error) {
 		key := fmt.Sprintf("cascades[%q]", typ)
 		kinds, ok := types[typ].(map[string]any)
 		if !ok {
-			errs = append(errs, &FieldError{Key: key, Msg: key + " is not a map with on_failed and/or on_completed"})
+			errs = append(errs, &FieldError{Key: key, Msg: key + " is not a map with on_failed, on_completed and/or on_requeued"})
 			continue
 		}
 		var c jobs.Cascade
 		for _, kind := range slices.Sorted(maps.Keys(kinds)) {
 			stmts, err := statements(kinds[kind])
 			switch {
-			case kind != jobs.HookOnFailed && kind != jobs.HookOnCompleted:
-				msg := fmt.Sprintf("%s: unknown key %q (known keys: on_failed, on_completed)", key, kind)
+			case kind != jobs.HookOnFailed && kind != jobs.HookOnCompleted && kind != jobs.HookOnRequeued:
+				msg := fmt.Sprintf("%s: unknown key %q (known keys: on_failed, on_completed, on_requeued)", key, kind)
 				errs = append(errs, &FieldError{Key: key, Msg: msg})
 			case err != nil:
 				errs = append(errs, &FieldError{Key: key + "." + kind, Msg: key + "." + kind + " " + err.Error()})
 			case kind == jobs.HookOnFailed:
 				c.OnFailed = stmts
-			default:
+			case kind == jobs.HookOnCompleted:
 				c.OnCompleted = stmts
+			default:
+				c.OnRequeued = stmts
 			}
 		}
 		out[typ] = c

@@ -62,7 +62,7 @@ func TestExampleConfigLoadsAndValidates(t *testing.T) {
 		t.Fatalf("queues sample not read: %v", cfg.Queues)
 	}
 	c, ok := cfg.Cascades["video.transcode"]
-	if !ok || len(c.OnFailed) != 1 || len(c.OnCompleted) != 2 {
+	if !ok || len(c.OnFailed) != 1 || len(c.OnCompleted) != 2 || len(c.OnRequeued) != 1 {
 		t.Fatalf("cascade sample not read: %#v", cfg.Cascades)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/jobreaper/jobreaper/internal/editdistance"
 )
 
 // EnvPrefix starts the name of every environment variable jobreaper reads.
@@ -148,22 +150,4 @@ func Closest(name string, known []string) string {
 // names it compares are mostly ASCII): the fewest single-byte insertions,
 // deletions and substitutions that turn a into b. It picks the closest
 // known key, flag or queue for a "did you mean" hint.
-func EditDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			sub := prev[j-1]
-			if a[i-1] != b[j-1] {
-				sub++
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, sub)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
+func EditDistance(a, b string) int { return editdistance.Between(a, b) }

@@ -204,8 +204,8 @@ func nodeKind(n *yaml.Node) string {
 }
 
 // unknownKeys reports every top-level key of the file that is not a
-// setting, with its line, and every key of a cascade that is not on_failed
-// or on_completed.
+// setting, with its line. (A cascade's keys other than on_failed,
+// on_completed and on_requeued are reported by decodeCascades.)
 func unknownKeys(path string, raw map[string]any, lines map[string]int) []error {
 	known := knownKeys()
 	var errs []error

@@ -222,6 +222,7 @@ cascades:
     on_failed:
       - UPDATE reports SET status = 'FAILED' WHERE id = @parent_id
     on_completed: UPDATE reports SET pending = pending - 1 WHERE id = @parent_id
+    on_requeued: UPDATE reports SET status = 'RUNNING' WHERE id = @parent_id
 `)
 		got, err := Load(Sources{File: path})
 		if err != nil {
@@ -230,6 +231,7 @@ cascades:
 		want := jobs.Cascades{"report.export": {
 			OnFailed:    []string{"UPDATE reports SET status = 'FAILED' WHERE id = @parent_id"},
 			OnCompleted: []string{"UPDATE reports SET pending = pending - 1 WHERE id = @parent_id"},
+			OnRequeued:  []string{"UPDATE reports SET status = 'RUNNING' WHERE id = @parent_id"},
 		}}
 		if !reflect.DeepEqual(got.Cascades, want) {
 			t.Fatalf("cascades = %#v", got.Cascades)
@@ -240,7 +242,7 @@ cascades:
 		t.Parallel()
 		path := writeFile(t, "cascades:\n  crawl.site:\n    on_fail: [SELECT 1]\n")
 		_, err := Load(Sources{File: path})
-		requireProblem(t, err, `cascades["crawl.site"]`, `unknown key "on_fail"`, "on_failed, on_completed")
+		requireProblem(t, err, `cascades["crawl.site"]`, `unknown key "on_fail"`, "on_failed, on_completed, on_requeued")
 	})
 
 	t.Run("SaysWhenTheFileIsMissingAndWhatToFix", func(t *testing.T) {

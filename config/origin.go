@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -140,14 +141,22 @@ func fieldErrors(err error) []*FieldError {
 var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", "log_format"}
 
 // RequeueKeys are the settings `jobreaper requeue` uses: PostgreSQL and
-// Redis, the queues and the age of --stale, and the log settings. Pass them
-// to Only so that a daemon-only setting cannot stop an operator's requeue.
+// Redis, the queues and the age of --stale, the log settings, and the
+// cascades (a requeue runs the type's on_requeued cascade). Pass them to
+// Only so that a daemon-only setting cannot stop an operator's requeue.
 var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "redis_tls_server_name", "schema", "op_timeout", "log_level", "log_format",
-	"queues", "stale_queued_after"}
+	"queues", "stale_queued_after", "cascades"}
 
 // PruneKeys are the settings `jobreaper prune` uses: like migrate, it
 // contacts only PostgreSQL.
 var PruneKeys = MigrateKeys
+
+// RunOnceKeys are the settings whose problems stop `jobreaper run --once`:
+// every setting but marker_check_window. The window paces the daemon's
+// re-assertion of markers, a slice per pass, so its rule (at least
+// interval) is the daemon's; a manual pass re-asserts every marker of the
+// last 7 days at once and never reads it.
+var RunOnceKeys = slices.DeleteFunc(knownKeys(), func(k string) bool { return k == "marker_check_window" })
 
 // InspectKeys are the settings `jobreaper inspect` uses: PostgreSQL for the
 // record, Redis for the marker and asynq's task state.

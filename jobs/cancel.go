@@ -49,7 +49,8 @@ type CancelParams struct {
 
 // CancelResult is what Cancel changed.
 type CancelResult struct {
-	// PreviousStatus is QUEUED or PROCESSING.
+	// PreviousStatus is QUEUED or PROCESSING (with ErrJobTerminal: the
+	// status that refused the cancel, COMPLETED or FAILED).
 	PreviousStatus string
 	// Generation is the job's generation, unchanged by the cancel: the
 	// marker records it, and every write of that attempt is refused.
@@ -101,7 +102,9 @@ RETURNING now()`
 //
 // Errors: ErrInvalidArgument for a bad ID or reason (nothing sent);
 // ErrNotFound when no row has the ID; ErrJobTerminal when the job is
-// COMPLETED or FAILED (nothing written); ErrTxEnded when a cascade statement
+// COMPLETED or FAILED (nothing written; the result then holds the job's
+// status as PreviousStatus, its generation, type and queue, so that the
+// refusal can say what it found); ErrTxEnded when a cascade statement
 // ended the transaction; a wrapped cascade or driver error otherwise
 // (nothing written).
 func (s *Store) Cancel(ctx context.Context, p CancelParams) (CancelResult, error) {
@@ -123,6 +126,7 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (CancelResult, error
 		if err != nil {
 			return err
 		}
+		res.Type = ca.Type
 		if res.PreviousStatus != StatusQueued && res.PreviousStatus != StatusProcessing {
 			return fmt.Errorf("job %s is %s; only a QUEUED or PROCESSING job can be cancelled: %w",
 				p.JobID, res.PreviousStatus, ErrJobTerminal)
@@ -138,9 +142,11 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (CancelResult, error
 			return err
 		}
 		ca.JobID = p.JobID
-		res.Type = ca.Type
 		return s.cascades.runFailed(ctx, tx, ca)
 	})
+	if errors.Is(err, ErrJobTerminal) {
+		return CancelResult{PreviousStatus: res.PreviousStatus, Generation: res.Generation, Type: res.Type, Queue: res.Queue}, done(err)
+	}
 	if err != nil {
 		return CancelResult{}, done(err)
 	}

@@ -22,6 +22,13 @@ type Cascade struct {
 	OnFailed []string `yaml:"on_failed" koanf:"on_failed"`
 	// OnCompleted runs in the transaction of Complete.
 	OnCompleted []string `yaml:"on_completed" koanf:"on_completed"`
+	// OnRequeued runs in the transaction of Requeue (`jobreaper requeue`),
+	// where the product resets its own status of a job that runs again
+	// (a parent's failed flag, an export's state). Its JSON form is left
+	// out when empty, so that the digest of cascades without it (which
+	// replicas compare for settings drift) is the one earlier versions
+	// compute.
+	OnRequeued []string `yaml:"on_requeued" koanf:"on_requeued" json:"OnRequeued,omitempty"`
 }
 
 // Cascades maps a job type name to its Cascade.
@@ -31,6 +38,7 @@ type Cascades map[string]Cascade
 const (
 	HookOnFailed    = "on_failed"
 	HookOnCompleted = "on_completed"
+	HookOnRequeued  = "on_requeued"
 )
 
 // CascadeArgNames are the named arguments a cascade statement may use, in
@@ -54,7 +62,7 @@ func (c cascadeStatement) String() string {
 }
 
 // statements lists every statement in a stable order: types sorted, then
-// on_failed before on_completed.
+// on_failed, on_completed, on_requeued.
 func (c Cascades) statements() []cascadeStatement {
 	types := make([]string, 0, len(c))
 	for typ := range c {
@@ -66,7 +74,7 @@ func (c Cascades) statements() []cascadeStatement {
 		for _, h := range []struct {
 			name  string
 			stmts []string
-		}{{HookOnFailed, c[typ].OnFailed}, {HookOnCompleted, c[typ].OnCompleted}} {
+		}{{HookOnFailed, c[typ].OnFailed}, {HookOnCompleted, c[typ].OnCompleted}, {HookOnRequeued, c[typ].OnRequeued}} {
 			for i, sql := range h.stmts {
 				out = append(out, cascadeStatement{typ: typ, hook: h.name, n: i + 1, sql: sql})
 			}
@@ -268,6 +276,10 @@ func (c Cascades) runFailed(ctx context.Context, tx pgx.Tx, a cascadeArgs) error
 
 func (c Cascades) runCompleted(ctx context.Context, tx pgx.Tx, a cascadeArgs) error {
 	return c.run(ctx, tx, a, HookOnCompleted, c[a.Type].OnCompleted)
+}
+
+func (c Cascades) runRequeued(ctx context.Context, tx pgx.Tx, a cascadeArgs) error {
+	return c.run(ctx, tx, a, HookOnRequeued, c[a.Type].OnRequeued)
 }
 
 func (c Cascades) run(ctx context.Context, tx pgx.Tx, a cascadeArgs, kind string, stmts []string) error {

@@ -19,6 +19,9 @@ const LeaderIdleBoundSQL = leaderIdleBoundSQL
 // CheckTxOpen exposes checkTxOpen to the external tests.
 var CheckTxOpen = checkTxOpen
 
+// LatestVersion exposes latestVersion, the highest embedded migration.
+var LatestVersion = latestVersion
+
 // MigrateUpTo applies schema's migrations up to version only, leaving the
 // schema as an older release of jobreaper left it, for upgrade tests.
 func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, schema string, version int64) error {

@@ -140,6 +140,38 @@ VALUES ($1, $2, 1, $3::bigint, 1, $3::bigint + 1)`, id, "page-"+string(rune('a'+
 		requireCount(t, db, 4, `SELECT count(*) FROM `+db.Table("jobs"))
 	})
 
+	t.Run("RecordsEachRunThatDeletesInPruneRuns", func(t *testing.T) {
+		t.Parallel()
+		db, store := setupHistory(t)
+		_, err := store.Prune(ctx, jobs.PruneParams{OlderThan: 8 * 24 * time.Hour, DryRun: true, Operator: "ops@host"})
+		requireNoErr(t, err)
+		requireCount(t, db, 0, `SELECT count(*) FROM `+db.Table("prune_runs"))
+		res, err := store.Prune(ctx, jobs.PruneParams{OlderThan: 8 * 24 * time.Hour, Operator: "ops@host"})
+		requireNoErr(t, err)
+		requireCount(t, db, 1, `SELECT count(*) FROM `+db.Table("prune_runs")+`
+ WHERE older_than = interval '8 days' AND cutoff = $1 AND events = 6 AND batches = 6 AND complete
+   AND operator = 'ops@host' AND at >= cutoff + older_than AND at <= now()`, res.Cutoff)
+	})
+
+	t.Run("RecordsARunStoppedByAnErrorWithWhatItDeleted", func(t *testing.T) {
+		t.Parallel()
+		db, store := setupHistory(t)
+		// The events go first; then the batch records' DELETE fails.
+		db.Exec(t, `CREATE FUNCTION `+db.Table("refuse_delete")+`() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN RAISE EXCEPTION 'batch records are kept'; END$$`)
+		db.Exec(t, `CREATE TRIGGER refuse_delete BEFORE DELETE ON `+db.Table("job_batches")+
+			` FOR EACH ROW EXECUTE FUNCTION `+db.Table("refuse_delete")+`()`)
+		res, err := store.Prune(ctx, jobs.PruneParams{OlderThan: 8 * 24 * time.Hour})
+		if err == nil || !strings.Contains(err.Error(), "batch records are kept") {
+			t.Fatalf("err = %v, want the failed DELETE", err)
+		}
+		if res.Events != 6 || res.Batches != 0 {
+			t.Fatalf("result = %+v, want the 6 events deleted before the error", res)
+		}
+		requireCount(t, db, 1, `SELECT count(*) FROM `+db.Table("prune_runs")+
+			` WHERE events = 6 AND batches = 0 AND NOT complete AND operator IS NULL`)
+	})
+
 	t.Run("RefusesLessThanEightDays", func(t *testing.T) {
 		t.Parallel()
 		db, store := setupHistory(t)

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -28,6 +29,9 @@ type PruneParams struct {
 	// BatchSize is the most rows one DELETE removes; 0 or more than
 	// PruneBatchSize means PruneBatchSize.
 	BatchSize int
+	// Operator names who runs the prune (user@host), recorded in its
+	// prune_runs row; may be "".
+	Operator string
 }
 
 // PruneResult counts what Prune removed (or, in a dry run, would remove).
@@ -52,6 +56,10 @@ DELETE FROM {schema}.job_events WHERE id IN (
      WHERE j.status IN ('COMPLETED', 'FAILED') AND j.finished_at < $1
      LIMIT $2)`
 
+const pruneRecordSQL = `
+INSERT INTO {schema}.prune_runs (older_than, cutoff, events, batches, complete, operator)
+VALUES ($1, $2, $3, $4, $5, nullif($6, ''))`
+
 const pruneBatchesSQL = `
 DELETE FROM {schema}.job_batches b USING (
     SELECT b2.job_id, b2.token FROM {schema}.job_batches b2 JOIN {schema}.jobs j ON j.id = b2.job_id
@@ -65,12 +73,16 @@ DELETE FROM {schema}.job_batches b USING (
 // one long transaction). It never deletes jobs rows: they are the
 // product's. A job still QUEUED or PROCESSING keeps its history, and so
 // does a job whose row was deleted (its ID may start a new life, which
-// reads them). The cutoff is taken once, at the start.
+// reads them). The cutoff is taken once, at the start. Then it records the
+// run in prune_runs (when, p.OlderThan, the cutoff, the counts, whether it
+// ran to its end, p.Operator), also when a DELETE failed or ctx was
+// cancelled after the cutoff was read; a dry run records nothing.
 //
 // Errors: ErrInvalidArgument when p.OlderThan is below PruneMinAge (nothing
 // sent); a wrapped driver error or the operation's timeout, per statement:
 // what the earlier statements deleted stays deleted and is counted in the
-// result returned with the error.
+// result returned with the error; an error naming prune_runs when the run
+// could not be recorded (the deletions stand).
 func (s *Store) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 	var res PruneResult
 	if p.OlderThan < PruneMinAge {
@@ -91,6 +103,18 @@ func (s *Store) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 		err := s.db.QueryRow(cctx, s.q(pruneCountSQL), res.Cutoff).Scan(&res.Events, &res.Batches)
 		return res, done(err)
 	}
+	err = s.pruneDelete(ctx, &res, batch)
+	// Recorded even when ctx was cancelled: what was deleted stays so.
+	rctx, done := s.op(context.WithoutCancel(ctx), "Prune")
+	_, rerr := s.db.Exec(rctx, s.q(pruneRecordSQL), Interval(p.OlderThan), res.Cutoff, res.Events, res.Batches, err == nil, p.Operator)
+	if rerr = done(rerr); rerr != nil {
+		rerr = fmt.Errorf("recording the run in prune_runs (what was deleted stays deleted): %w", rerr)
+	}
+	return res, errors.Join(err, rerr)
+}
+
+// pruneDelete runs Prune's DELETEs, counting into res.
+func (s *Store) pruneDelete(ctx context.Context, res *PruneResult, batch int) error {
 	for _, step := range []struct {
 		sql   string
 		count *int64
@@ -99,7 +123,7 @@ func (s *Store) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 			cctx, done := s.op(ctx, "Prune")
 			tag, err := s.db.Exec(cctx, step.sql, res.Cutoff, batch)
 			if err = done(err); err != nil {
-				return res, err
+				return err
 			}
 			*step.count += tag.RowsAffected()
 			if tag.RowsAffected() < int64(batch) {
@@ -107,5 +131,5 @@ func (s *Store) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 			}
 		}
 	}
-	return res, nil
+	return nil
 }

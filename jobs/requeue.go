@@ -34,7 +34,7 @@ UPDATE {schema}.jobs
    SET status = 'QUEUED', generation = generation + 1, failure_reason = NULL, finished_at = NULL,
        marker_set_at = NULL, updated_at = now()
  WHERE id = @id AND status COLLATE "C" = @status AND generation = @generation AND status COLLATE "C" IN ('FAILED', 'QUEUED')
-RETURNING generation`
+RETURNING generation, type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 
 // RequeueParams names a job to requeue and the state it was read in.
 type RequeueParams struct {
@@ -52,14 +52,17 @@ type RequeueParams struct {
 
 // Requeue puts a FAILED or QUEUED job back to QUEUED with its generation
 // raised by one, failure_reason, finished_at and marker_set_at cleared,
-// and records a "requeued" event carrying p.Reason and p.Detail, in one
-// transaction. It returns the new generation.
+// records a "requeued" event carrying p.Reason and p.Detail, and runs the
+// type's on_requeued cascade (WithCascades), in one transaction: the
+// product's own status of the job is reset with the row, or neither is.
+// It returns the new generation.
 //
 // Errors: ErrInvalidArgument for an empty reason or a status other than
 // FAILED or QUEUED (nothing sent); ErrChangedSinceRead when the row is no
 // longer in p.Status at p.Generation (nothing written; a missing row
 // answers the same); ErrBadID for an ID no row can have (CheckID, nothing
-// sent); a wrapped driver error otherwise.
+// sent); ErrTxEnded when a cascade statement ended the transaction; a
+// wrapped cascade or driver error otherwise (nothing written).
 func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
 	if err := CheckID(p.JobID); err != nil {
 		return 0, fmt.Errorf("jobs.Requeue: %w", err)
@@ -82,7 +85,9 @@ func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
 	ctx, done := s.op(ctx, "Requeue")
 	var gen int64
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, s.q(requeueSQL), pgx.NamedArgs{"id": p.JobID, "status": p.Status, "generation": p.Generation}).Scan(&gen)
+		ca := cascadeArgs{JobID: p.JobID}
+		err := tx.QueryRow(ctx, s.q(requeueSQL), pgx.NamedArgs{"id": p.JobID, "status": p.Status, "generation": p.Generation}).
+			Scan(&gen, &ca.Type, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("job %s is no longer %s at generation %d: %w", p.JobID, p.Status, p.Generation, ErrChangedSinceRead)
 		}
@@ -91,7 +96,10 @@ func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
 		}
 		_, err = tx.Exec(ctx, s.q(`INSERT INTO {schema}.job_events (job_id, kind, generation, detail) VALUES ($1, $2, $3, $4)`),
 			p.JobID, EventRequeued, gen, jsonText(js))
-		return err
+		if err != nil {
+			return err
+		}
+		return s.cascades.runRequeued(ctx, tx, ca)
 	})
 	if err != nil {
 		return 0, done(err)

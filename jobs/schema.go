@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/editdistance"
 )
 
 // ownTables are jobreaper's own tables, which every statement of this package
@@ -65,9 +67,19 @@ func checkSchema(ctx context.Context, q rowQuerier, schema string) error {
 				found = append(found, t)
 			}
 		}
+		// The schema jobreaper was migrated into is the likelier answer
+		// than migrating one more.
+		if other := otherJobreaperSchema(ctx, q, schema); other != "" {
+			return fmt.Errorf("schema %q holds tables named like jobreaper's (%s) that jobreaper did not create; schema %q of this database holds jobreaper's: did you mean --schema %s (JOBREAPER_SCHEMA)? jobreaper never uses a product's own tables: %w",
+				schema, strings.Join(found, ", "), other, other, ErrNotMigrated)
+		}
 		return fmt.Errorf("schema %q holds tables named like jobreaper's (%s) that jobreaper did not create; give jobreaper a schema of its own: run `jobreaper migrate --schema jobreaper` and start with --schema jobreaper (JOBREAPER_SCHEMA): %w",
 			schema, strings.Join(found, ", "), ErrNotMigrated)
 	case len(missing) == len(want):
+		if other := otherJobreaperSchema(ctx, q, schema); other != "" {
+			return fmt.Errorf("schema %q has no jobreaper tables (this binary ships version %d); schema %q of this database holds them: did you mean --schema %s? If not, run `jobreaper migrate --schema %s` with the same database URL: %w",
+				schema, latest, other, other, schema, ErrNotMigrated)
+		}
 		return fmt.Errorf("schema %q has no jobreaper tables (this binary ships version %d); %s: %w", schema, latest, fix, ErrNotMigrated)
 	case len(missing) > 0:
 		return fmt.Errorf("schema %q lacks jobreaper's tables %s; %s: %w", schema, strings.Join(missing, ", "), fix, ErrNotMigrated)
@@ -82,6 +94,41 @@ func checkSchema(ctx context.Context, q rowQuerier, schema string) error {
 			schema, current, latest, schema, ErrNotMigrated)
 	}
 	return nil
+}
+
+// typoDistance is the largest edit distance at which one schema name is
+// taken for a misspelling of another: a letter left out, added or changed
+// (1), or two letters swapped (2).
+const typoDistance = 2
+
+// otherJobreaperSchema returns the schema of the database, other than
+// schema, that a wrong --schema most likely meant: the only one holding
+// jobreaper's tables (its version table and jobs), or else the one whose
+// name is within typoDistance of schema (the nearest, then the first by
+// name). It returns "" when there is none, or when the lookup fails: it
+// only adds a hint to an error already on its way.
+func otherJobreaperSchema(ctx context.Context, q rowQuerier, schema string) string {
+	var names []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}')
+  FROM pg_catalog.pg_namespace n
+ WHERE n.nspname <> $1
+   AND EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relname = $2 AND c.relkind IN ('r', 'p'))
+   AND EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'jobs' AND c.relkind IN ('r', 'p'))`,
+		schema, SchemaVersionTable).Scan(&names)
+	names = slices.DeleteFunc(names, func(n string) bool { return !ValidSchema(n) })
+	switch {
+	case err != nil || len(names) == 0:
+		return ""
+	case len(names) == 1:
+		return names[0]
+	}
+	best, bestD := "", typoDistance+1
+	for _, n := range names {
+		if d := editdistance.Between(schema, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
 }
 
 // latestVersion is the highest version among the embedded migrations.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -100,8 +101,9 @@ func enqueue(ctx context.Context, client *asynq.Client, insp *asynq.Inspector, s
 		// The row was read joined with its job_types row, so this answer
 		// is as fresh as the read: a type registered a moment ago is
 		// known, without a cache that could miss it.
-		return nil, fmt.Errorf("queue.Enqueue: job %s: type %q has no job_types row (register it first: INSERT INTO job_types (name, max_runtime) VALUES ('%s', ...)): %w",
-			jobID, row.Type, row.Type, jobs.ErrUnknownType)
+		return nil, fmt.Errorf("queue.Enqueue: job %s: type %q has no job_types row%s; nothing was enqueued and the job row you committed stays %s without a task: "+
+			"register the type, then call Enqueue again for this job (or delete the row): %w",
+			jobID, row.Type, registerHint(store, row.Type), row.Status, jobs.ErrUnknownType)
 	}
 	if row.Status == jobs.StatusCompleted || row.Status == jobs.StatusFailed {
 		// The guard would refuse the task anyway; enqueueing it would only
@@ -217,4 +219,18 @@ func NewEnqueuer(rdb redis.UniversalClient, store EnqueueStore) *Enqueuer {
 // wraps asynq.ErrTaskIDConflict and names the task's state.
 func (e *Enqueuer) Enqueue(ctx context.Context, task *asynq.Task, jobID string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	return enqueue(ctx, e.client, e.insp, e.store, task, jobID, opts)
+}
+
+// registerHint is the statement that registers typ, for the error of an
+// unregistered type: in the store's schema when the store names it
+// (*jobs.Store does), so that a product whose own tables live in public
+// is not sent to the wrong job_types.
+func registerHint(store EnqueueStore, typ string) string {
+	literal := "'" + strings.ReplaceAll(typ, "'", "''") + "'"
+	s, ok := store.(interface{ Schema() string })
+	if !ok {
+		return " (register it: INSERT INTO job_types (name, max_runtime) VALUES (" + literal + ", ...))"
+	}
+	return fmt.Sprintf(` in schema %q (register it: INSERT INTO "%s".job_types (name, max_runtime) VALUES (%s, ...))`,
+		s.Schema(), strings.ReplaceAll(s.Schema(), `"`, `""`), literal)
 }

@@ -50,10 +50,24 @@ func TestEnqueueRefusesAnUnknownType(t *testing.T) {
 			}
 			requireNoTask(t, b.insp, queue, id)
 			requireRow(t, b.db, id, jobs.StatusQueued, 0)
+			// The hint names the Store's schema, and says what becomes of
+			// the row the product committed.
+			register := `INSERT INTO "` + b.db.Schema + `".job_types (name, max_runtime) VALUES ('thumbnail.render', ...)`
+			for _, want := range []string{`in schema "` + b.db.Schema + `" (register it: ` + register + `)`,
+				"nothing was enqueued and the job row you committed stays QUEUED without a task",
+				"register the type, then call Enqueue again for this job (or delete the row)"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Fatalf("%s: error %q\nlacks %q", name, err, want)
+				}
+			}
 		}
 	}
 
-	b.db.JobType(t, "thumbnail.render", "5 minutes", "", "40 minutes")
+	// The statement of the hint, completed, registers the type where the
+	// Store reads it.
+	b.db.Exec(t, strings.Replace(`INSERT INTO "`+b.db.Schema+`".job_types (name, max_runtime) VALUES ('thumbnail.render', ...)`,
+		"...", "'5 minutes'", 1))
+	b.db.Exec(t, `UPDATE job_types SET hard_timeout = '40 minutes' WHERE name = 'thumbnail.render'`)
 	if err := calls["Enqueue"](idA); err != nil {
 		t.Fatalf("Enqueue after the type was registered: %v", err)
 	}

@@ -39,6 +39,11 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 	}
 
 	db := jobstest.New(t)
+	q := unique("dash")
+	// A job QUEUED for 2 hours whose task was never enqueued: stale, so
+	// the per-queue gauge of stale QUEUED jobs has a series too (such
+	// series appear with a queue's first stale job).
+	db.Insert(t, jobstest.Job{ID: unique("Jstale"), Type: "report.export", Status: jobs.StatusQueued, Queue: q, IdleAgo: 2 * time.Hour})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var stdout bytes.Buffer
@@ -46,7 +51,7 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- execute(ctx, []string{"run", "--database-url", db.URL, "--schema", db.Schema,
-			"--redis-url", redisTestURL(), "--queues", unique("dash"), "--interval", "100ms",
+			"--redis-url", redisTestURL(), "--queues", q, "--interval", "100ms",
 			"--stall-timeout", "11m", "--start-jitter", "0s", "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)
 	}()
 	defer func() {

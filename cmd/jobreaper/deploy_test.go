@@ -1,16 +1,9 @@
 package main
 
 import (
-	"os"
 	"regexp"
-	"slices"
-	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
-	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // descRecorder is a prometheus.Registerer that records the names of the
@@ -37,27 +30,3 @@ func (d *descRecorder) MustRegister(cs ...prometheus.Collector) {
 }
 
 func (d *descRecorder) Unregister(prometheus.Collector) bool { return true }
-
-// Every series the Grafana dashboard queries must be one the reaper or the
-// worker library (start guard, jobs.Store) exports, so that a renamed
-// metric cannot leave an empty panel behind.
-func TestGrafanaDashboardQueriesOnlyExportedMetrics(t *testing.T) {
-	t.Parallel()
-	rec := &descRecorder{}
-	reaper.NewMetrics(rec)
-	queue.NewGuard(nil, nil, queue.WithRegisterer(rec))
-	jobs.NewStore(nil, jobs.WithRegisterer(rec))
-	raw, err := os.ReadFile("../../deploy/grafana-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	used := regexp.MustCompile(`jobreaper_[a-z_]+`).FindAllString(string(raw), -1)
-	if len(used) == 0 {
-		t.Fatal("the dashboard queries no jobreaper metric")
-	}
-	for _, name := range used {
-		if !slices.Contains(rec.names, name) {
-			t.Errorf("the dashboard queries %s, which the reaper does not export", name)
-		}
-	}
-}

@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/user"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -117,92 +115,6 @@ func operatorName() string {
 	return name
 }
 
-func (a *app) cancelCmd() *cobra.Command {
-	var reason string
-	cmd := &cobra.Command{
-		Use:   "cancel --reason TEXT <job-id>...",
-		Short: "Fail QUEUED or PROCESSING jobs as cancelled, with their cascade, marker and a cancel of the running handler",
-		Long: `cancel fails each named job that is QUEUED or PROCESSING with failure code
-cancelled, in one fenced transaction per job that also runs the type's
-on_failed cascade (from --config) and records a "cancelled" event carrying
---reason. Then it sets the job's marker (so the start guard refuses its task;
-a marker that cannot be written is re-set by the daemon's marker repair) and,
-for a PROCESSING job, publishes asynq's cancel of its running handler. Every
-later write of the cancelled attempt (Complete, Advance, Heartbeat, Fail) is
-refused as job_terminal.
-
-A COMPLETED, FAILED or unknown job is refused with a message. Exit codes: 0
-every job was cancelled, 1 a job was refused or a follow-up (marker, cancel)
-failed, 2 could not run.`,
-		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, ids []string) error {
-			if err := jobs.CheckOperatorReason(reason); err != nil {
-				return cannotRun("cancel needs --reason TEXT, recorded in each job's event: %v", strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
-			}
-			d, cfg, log, err := a.openOps(cmd, config.CancelKeys, true, true)
-			if err != nil {
-				return err
-			}
-			defer d.close()
-			return a.cancelJobs(cmd.Context(), d, log.With("component", "cancel"), ids, reason, cfg.OpTimeout)
-		},
-	}
-	config.RegisterFlags(cmd.Flags(), config.CancelKeys...)
-	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are cancelled (required; recorded in each job's event)")
-	return cmd
-}
-
-// cancelJobs cancels each job of ids and prints one line per job.
-func (a *app) cancelJobs(ctx context.Context, d *opsDeps, log *slog.Logger, ids []string, reason string, opTimeout time.Duration) error {
-	canceller := queue.NewCanceller(d.rdb, opTimeout)
-	operator := operatorName()
-	failed := 0
-	for _, id := range ids {
-		res, err := d.store.Cancel(ctx, jobs.CancelParams{JobID: id, Reason: reason, Operator: operator})
-		switch {
-		case errors.Is(err, jobs.ErrNotFound):
-			fmt.Fprintf(a.stderr, "jobreaper: job %s not found; nothing cancelled (check the ID and --schema)\n", jobs.QuoteID(id))
-			failed++
-			continue
-		case errors.Is(err, jobs.ErrJobTerminal):
-			fmt.Fprintf(a.stderr, "jobreaper: refused: %s; nothing changed\n", strings.TrimPrefix(strings.TrimSuffix(err.Error(), ": "+jobs.ErrJobTerminal.Error()), "jobs.Cancel: "))
-			failed++
-			continue
-		case err != nil:
-			fmt.Fprintf(a.stderr, "jobreaper: cancelling job %s failed, nothing changed: %s\n", jobs.QuoteID(id), oneLine(err.Error()))
-			failed++
-			continue
-		}
-		log.Info("job cancelled", "job_id", id, "previous_status", res.PreviousStatus, "generation", res.Generation, "reason", reason)
-		notes := []string{}
-		// The marker makes the start guard refuse a delivery of the task;
-		// the FAILED row refuses it too while the marker is missing.
-		mctx := context.WithoutCancel(ctx)
-		if _, err := d.markers.Set(mctx, id, res.Generation, queue.MarkerTTL); err != nil {
-			notes = append(notes, "marker NOT written ("+oneLine(err.Error())+"; the daemon's marker repair re-sets it, and the FAILED row refuses the task meanwhile)")
-			failed++
-		} else {
-			if err := d.store.MarkMarkerSet(mctx, id, res.Generation); err != nil {
-				log.Warn("recording the marker failed; the daemon's marker repair writes it again", "job_id", id, "err", err)
-			}
-			notes = append(notes, "marker set")
-		}
-		if res.PreviousStatus == jobs.StatusProcessing {
-			if _, err := canceller.Cancel(mctx, []string{id}); err != nil {
-				notes = append(notes, "cancel of the running handler NOT sent ("+oneLine(err.Error())+")")
-				failed++
-			} else {
-				notes = append(notes, "cancel sent to its running handler")
-			}
-		}
-		fmt.Fprintf(a.stdout, "cancelled job %s (was %s, generation %d): %s\n", jobs.QuoteID(id), res.PreviousStatus, res.Generation, strings.Join(notes, ", "))
-	}
-	if failed > 0 {
-		return &exitError{code: exitPassErrors}
-	}
-	return nil
-}
-
 func (a *app) pruneCmd() *cobra.Command {
 	var (
 		olderThan string
@@ -214,11 +126,13 @@ func (a *app) pruneCmd() *cobra.Command {
 		Long: `prune deletes the job_events and job_batches rows of jobs that finished
 (COMPLETED or FAILED) before the database's now() minus --older-than, in
 batches of at most 10,000 rows, and prints the counts. It never deletes jobs
-rows: they are the product's. --older-than takes Go durations plus a day
-suffix (8d, 720h, 10d12h) and must be at least 8 days: a reaped job's marker
-lives 7 days in Redis, and the job keeps its whole history while it may,
-with a day of margin. --dry-run prints the counts and deletes nothing.
-It contacts only PostgreSQL.`,
+rows: they are the product's. Each run that deletes is recorded as one row
+of prune_runs (when, --older-than, the cutoff, the counts per table,
+whether it ran to its end, who ran it). --older-than takes Go durations
+plus a day suffix (8d, 720h, 10d12h) and must be at least 8 days: a reaped
+job's marker lives 7 days in Redis, and the job keeps its whole history
+while it may, with a day of margin. --dry-run prints the counts, deletes
+and records nothing. It contacts only PostgreSQL.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			age, err := parseAge(olderThan)
@@ -234,7 +148,7 @@ It contacts only PostgreSQL.`,
 				return err
 			}
 			defer d.close()
-			res, err := d.store.Prune(cmd.Context(), jobs.PruneParams{OlderThan: age, DryRun: dryRun})
+			res, err := d.store.Prune(cmd.Context(), jobs.PruneParams{OlderThan: age, DryRun: dryRun, Operator: operatorName()})
 			verb := "deleted"
 			if dryRun {
 				verb = "would delete"

@@ -101,9 +101,12 @@ func TestCancelCommand(t *testing.T) {
 		db.Insert(t, jobstest.Job{ID: "done", Type: "report.export", Status: jobs.StatusCompleted})
 		r := run(t, opsArgs(db, "cancel", "--reason", "x", "done", "nope")...)
 		requireExit(t, r, exitPassErrors)
-		if !strings.Contains(r.stderr, "job done is COMPLETED; only a QUEUED or PROCESSING job can be cancelled") ||
-			!strings.Contains(r.stderr, `job "nope" not found`) || r.stdout != "" {
-			t.Fatalf("stderr = %q stdout = %q", r.stderr, r.stdout)
+		// Refusals are lines of the command's output, on stdout like the
+		// cancelled ones (and like requeue's); stderr has the summary.
+		want := "refused job \"done\": it is COMPLETED; only a QUEUED or PROCESSING job can be cancelled; nothing changed\n" +
+			"refused job \"nope\": no job has this ID (check the ID and --schema); nothing changed\n"
+		if r.stdout != want || !strings.Contains(r.stderr, "2 job(s) not cancelled") {
+			t.Fatalf("stdout = %q, want %q; stderr = %q", r.stdout, want, r.stderr)
 		}
 		if row := db.Read(t, "done"); row.Status != jobs.StatusCompleted {
 			t.Fatalf("row = %+v", row)
@@ -159,6 +162,13 @@ VALUES ($1, 'page-1', 1, 0, 10, 10)`, id)
 	requireTotal(2, "jobs")
 	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("job_events")+` WHERE job_id = 'recent'`); n != 2 {
 		t.Fatalf("recent job's events = %d, want 2", n)
+	}
+	// One row per run that deleted (not the refused run, not the dry run),
+	// naming who ran it.
+	requireTotal(1, "prune_runs")
+	if n := db.Count(t, `SELECT count(*) FROM `+db.Table("prune_runs")+
+		` WHERE older_than = interval '8 days' AND events = 2 AND batches = 1 AND complete AND operator = $1`, operatorName()); n != 1 {
+		t.Fatal("the prune's prune_runs row does not hold its counts, age and operator")
 	}
 }
 

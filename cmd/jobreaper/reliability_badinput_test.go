@@ -87,7 +87,10 @@ var badCLICases = []badCLICase{
 	{"PageSizeAbsurdlyLarge", onDB("run", "--page-size", "99999999999999999999"), exitCannotRun, []string{"--page-size"}},
 	{"MaxLostPerPassNegative", onDB("run", "--max-lost-per-pass", "-1"), exitCannotRun, []string{"max_lost_per_pass -1 is negative"}},
 	{"StaleQueuedLookupsZero", onDB("run", "--stale-queued-lookups-per-pass", "0"), exitCannotRun, []string{"stale_queued_lookups_per_pass 0 is below 1"}},
-	{"MarkerWindowBelowInterval", onDB("run", "--marker-check-window", "1s"), exitCannotRun, []string{"marker_check_window 1s is below interval"}},
+	// The daemon's rule only: run --once never reads the window.
+	{"MarkerWindowBelowIntervalForTheDaemon", func(db *jobstest.DB, _ string) []string {
+		return []string{"run", "--database-url", db.URL, "--schema", db.Schema, "--redis-url", redisTestURL(), "--marker-check-window", "1s"}
+	}, exitCannotRun, []string{"marker_check_window 1s is below interval"}},
 	{"StartJitterNegative", onDB("run", "--start-jitter", "-1s"), exitCannotRun, []string{"start_jitter -1s is negative"}},
 	{"SchemaThatIsNotAnIdentifier", func(db *jobstest.DB, _ string) []string {
 		return []string{"run", "--once", "--database-url", db.URL, "--schema", `x"; DROP SCHEMA public; --`}
@@ -129,7 +132,7 @@ var badCLICases = []badCLICase{
 	{"InspectNonASCIIMatchingNoRow", onDB("inspect", "rapport-été-日本"), exitPassErrors, []string{`job "rapport-été-日本" not found`}},
 	{"CancelWithoutReason", onDB("cancel", "J-stalled"), exitCannotRun, []string{"cancel needs --reason"}},
 	{"CancelNulByte", onDB("cancel", "--reason", "test", "J\x00"), exitPassErrors, []string{`"J\x00"`, "nothing changed"}},
-	{"CancelOddIDMatchingNoRow", onDB("cancel", "--reason", "test", "{braces} and spaces"), exitPassErrors, []string{`job "{braces} and spaces" not found`}},
+	{"CancelOddIDMatchingNoRow", onDB("cancel", "--reason", "test", "{braces} and spaces"), exitPassErrors, []string{`refused job "{braces} and spaces": no job has this ID`}},
 	{"RequeueNulByte", onDB("requeue", "--reason", "test", "J\x00"), exitPassErrors, []string{`refused "J\x00": job ID "J\x00" contains a NUL byte`}},
 	{"RequeueInvalidUTF8", onDB("requeue", "--reason", "test", "J\xff"), exitPassErrors, []string{`refused "J\xff": job ID "J\xff" is not valid UTF-8`}},
 	{"RequeueIDWithANewline", onDB("requeue", "--reason", "test", "J\nrequeued J-stalled"), exitPassErrors, []string{`refused "J\nrequeued J-stalled": no job has this ID`}},

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -26,8 +24,12 @@ type requeueLine struct {
 	Outcome    string `json:"outcome"`
 	Queue      string `json:"queue,omitempty"`
 	FromStatus string `json:"from_status,omitempty"`
-	TaskState  string `json:"task_state,omitempty"`
-	Generation int64  `json:"generation,omitempty"`
+	// TaskState is where asynq held the task (archived, completed, retry,
+	// ..., not_found); on a refusal, what the lookup found.
+	TaskState string `json:"task_state,omitempty"`
+	// Generation is the job's new generation, or on a refusal the one it
+	// was found at; absent when there is no row.
+	Generation *int64 `json:"generation,omitempty"`
 	Message    string `json:"message,omitempty"`
 }
 
@@ -44,19 +46,21 @@ const staleLookupPage = queue.StatusChunk
 
 func (a *app) requeueCmd() *cobra.Command {
 	var (
-		reason, output string
-		stale          bool
-		staleAfter     time.Duration
+		reason, output        string
+		stale, replaceWaiting bool
+		staleAfter            time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "requeue --reason TEXT (JOB_ID... | --stale [--queues Q,...] [--stale-after D])",
+		Use:   "requeue --reason TEXT [--replace-waiting] (JOB_ID... | --stale [--queues Q,...] [--stale-after D])",
 		Short: "Run FAILED or stale QUEUED jobs again from the task asynq still holds for them",
 		Long: `requeue puts each job back to QUEUED with its generation raised (so its
 reaped marker no longer refuses it) and enqueues its task again with the
 same task ID, type and payload, taken from the task asynq still holds
 (archived or completed), which is deleted first. The new task has no
 deadline, whatever the old one had, and Timeout = the type's hard_timeout.
-Each requeue is recorded as a "requeued" event carrying --reason.
+Each requeue is recorded as a "requeued" event carrying --reason, and the
+type's on_requeued cascade (from --config) runs in the same transaction:
+that is where the product resets its own status of the job.
 
 --stale takes the QUEUED jobs older than --stale-after (default: the
 stale_queued_after setting) in --queues (default: every queue) whose task
@@ -65,13 +69,19 @@ asynq will never run: archived, completed or gone.
 A job is refused, and nothing about it changes, when it is unknown,
 PROCESSING or COMPLETED, when asynq holds its task active, pending,
 scheduled or in retry, and when asynq holds no task for it at all (there
-is no payload to send: the product must enqueue it again). Running the
-command twice is safe: the second run refuses the jobs the first requeued
-(their tasks are pending).
+is no payload to send: the product must enqueue it again). A FAILED job
+whose task waits in pending, scheduled or retry (a reaped job whose
+cancel made asynq schedule a retry) is refused with the time of that
+delivery: the start guard refuses it and asynq archives the task, after
+which requeue works; --replace-waiting deletes the waiting task and
+requeues the job at once instead. Running the command twice is safe: the
+second run refuses the jobs the first requeued (their tasks are pending).
 
-It prints one line per job (one JSON object per line with --output json)
-and exits 0 when every job was requeued, 1 when any was refused or failed,
-2 when it could not run.`,
+It prints one line per job on stdout, requeued, refused or error alike (one
+JSON object per line with --output json: job_id, outcome, queue,
+from_status, task_state, generation, message); logs go to stderr. It exits
+0 when every job was requeued, 1 when any was refused or failed, 2 when it
+could not run.`,
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
@@ -99,7 +109,7 @@ and exits 0 when every job was requeued, 1 when any was refused or failed,
 				return cannotRun("--stale-after %s must be positive", staleAfter)
 			}
 			return a.requeue(cmd.Context(), cfg, newLogger(cfg, a.stderr).With("component", "requeue"), requeueRun{
-				ids: ids, stale: stale, staleAfter: staleAfter, reason: reason, output: output,
+				ids: ids, stale: stale, staleAfter: staleAfter, reason: reason, output: output, replaceWaiting: replaceWaiting,
 			})
 		},
 	}
@@ -109,6 +119,8 @@ and exits 0 when every job was requeued, 1 when any was refused or failed,
 	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are run again, recorded in each job's requeued event (required)")
 	cmd.Flags().BoolVar(&stale, "stale", false, "requeue the stale QUEUED jobs: older than --stale-after, whose task asynq will never run")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", config.StaleQueuedAfterDefault, "with --stale: how long a job must have been QUEUED (default: the stale_queued_after setting)")
+	cmd.Flags().BoolVar(&replaceWaiting, "replace-waiting", false,
+		"requeue a FAILED job whose task waits in pending, scheduled or retry by deleting that task, instead of refusing it until asynq archives it")
 	cmd.Flags().StringVar(&output, "output", outputText, "format of the lines on stdout: text or json (one object per line)")
 	return cmd
 }
@@ -120,23 +132,21 @@ type requeueRun struct {
 	staleAfter time.Duration
 	reason     string
 	output     string
+	// replaceWaiting: queue.WithReplaceWaiting.
+	replaceWaiting bool
 }
 
 // requeue connects, requeues the jobs and prints a line for each. It
 // returns an exit-1 error when any job was refused or failed.
 func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, run requeueRun) error {
-	pool, err := connectMigrated(ctx, cfg)
+	// The Store runs the on_requeued cascades, checked at start.
+	d, err := connectOps(ctx, cfg, log, true, true)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	rdb, err := connectRedis(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer closeWith(log, "Redis client", rdb.Close)
-	store := jobs.NewStore(pool, jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout))
-	rq := queue.NewRequeuer(rdb, store)
+	defer d.close()
+	store, rdb := d.store, d.rdb
+	rq := queue.NewRequeuer(rdb, store, queue.WithReplaceWaiting(run.replaceWaiting))
 	bad := 0
 	one := func(id string) error {
 		line := requeueLine{JobID: id}
@@ -147,6 +157,9 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 		}
 		done, err := rq.Requeue(ctx, id, run.reason)
 		line.Queue, line.FromStatus, line.TaskState = done.Queue, done.FromStatus, done.TaskState
+		if done.FromStatus != "" {
+			line.Generation = &done.Generation
+		}
 		switch {
 		case errors.Is(err, queue.ErrRequeueRefused):
 			bad++
@@ -156,9 +169,9 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 			bad++
 			line.Outcome, line.Message = outcomeError, err.Error()
 		default:
-			line.Outcome, line.Generation = outcomeRequeued, done.Generation
+			line.Outcome = outcomeRequeued
 			log.Info("job requeued", "job_id", id, "queue", done.Queue, "from_status", done.FromStatus,
-				"task_state", done.TaskState, "generation", done.Generation, "reason", run.reason)
+				"task_state", done.TaskState, "generation", done.Generation, "replaced_waiting", done.ReplacedWaiting, "reason", run.reason)
 		}
 		return printRequeueLine(a, line, run.output)
 	}
@@ -227,31 +240,15 @@ func printRequeueLine(a *app, line requeueLine, output string) error {
 		return json.NewEncoder(a.stdout).Encode(line)
 	}
 	var err error
-	id := displayID(line.JobID)
+	id := jobs.QuoteID(line.JobID)
 	switch line.Outcome {
 	case outcomeRequeued:
 		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one\n",
-			id, line.FromStatus, line.Generation, line.TaskState, line.Queue)
+			id, line.FromStatus, *line.Generation, line.TaskState, line.Queue)
 	case outcomeRefused:
 		_, err = fmt.Fprintf(a.stdout, "refused %s: %s; nothing changed\n", id, line.Message)
 	default:
 		_, err = fmt.Fprintf(a.stdout, "error %s: %s\n", id, oneLine(strings.ToValidUTF8(line.Message, "\ufffd")))
 	}
 	return err
-}
-
-// displayID shows a job ID in a line of text output: as it is when every
-// character is printable, else escaped (jobs.QuoteID), so that an ID
-// holding a newline, a NUL byte or invalid UTF-8 cannot break the
-// one-line-per-job output or the terminal.
-func displayID(id string) string {
-	if id == "" || !utf8.ValidString(id) {
-		return jobs.QuoteID(id)
-	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) {
-			return jobs.QuoteID(id)
-		}
-	}
-	return id
 }

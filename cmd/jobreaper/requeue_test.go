@@ -93,8 +93,11 @@ func TestRequeue_ReapedJobRunsAgainToCompletionThroughTheGuard(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &line); err != nil || strings.Count(r.stdout, "\n") != 1 {
 		t.Fatalf("stdout %q is not one JSON line (%v)", r.stdout, err)
 	}
-	want := requeueLine{JobID: id, Outcome: outcomeRequeued, Queue: f.q, FromStatus: jobs.StatusFailed, TaskState: "archived", Generation: 2}
-	if line != want {
+	want := requeueLine{JobID: id, Outcome: outcomeRequeued, Queue: f.q, FromStatus: jobs.StatusFailed, TaskState: "archived"}
+	if gen := line.Generation; gen == nil || *gen != 2 {
+		t.Fatalf("line's generation = %v, want 2", gen)
+	}
+	if line.Generation = nil; line != want {
 		t.Fatalf("line = %+v, want %+v", line, want)
 	}
 	if row := f.db.Read(t, id); row.Status != jobs.StatusQueued || row.Generation != 2 || row.FailureReason != "" || row.Finished {
@@ -142,7 +145,7 @@ func TestRequeue_ReapedJobRunsAgainToCompletionThroughTheGuard(t *testing.T) {
 	before := f.db.Read(t, id)
 	r = run(t, f.args("--reason", "again", id)...)
 	requireExit(t, r, exitPassErrors)
-	if !strings.HasPrefix(r.stdout, "refused "+id+": it is COMPLETED") || f.db.Read(t, id) != before {
+	if !strings.HasPrefix(r.stdout, "refused "+jobs.QuoteID(id)+": it is COMPLETED") || f.db.Read(t, id) != before {
 		t.Fatalf("second requeue: stdout %q, row %+v (before %+v)", r.stdout, f.db.Read(t, id), before)
 	}
 }
@@ -188,7 +191,7 @@ func TestRequeue_RefusalsExitOneAndChangeNothing(t *testing.T) {
 		before := snapshot(j)
 		r := run(t, f.args("--reason", "try", j)...)
 		requireExit(t, r, exitPassErrors)
-		if !strings.HasPrefix(r.stdout, "refused "+j+": ") || !strings.Contains(r.stdout, why) || strings.Count(r.stdout, "\n") != 1 {
+		if !strings.HasPrefix(r.stdout, "refused "+jobs.QuoteID(j)+": ") || !strings.Contains(r.stdout, why) || strings.Count(r.stdout, "\n") != 1 {
 			t.Errorf("%s: stdout %q, want one line refusing it because %s", j, r.stdout, why)
 		}
 		if after := snapshot(j); after != before {

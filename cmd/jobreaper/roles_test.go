@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
 // roleURL is db's URL with user as its user.
@@ -44,7 +46,8 @@ func requireDenied(t *testing.T, conn *pgx.Conn, sql string) {
 // deploy/sql/roles.sql grants each role what it needs and nothing more: a
 // full reaping pass with a cascade runs as the reaper role, a worker's
 // claim, heartbeat, advance and complete (with its cascade) run as the
-// worker role, and neither can write what it does not own.
+// worker role, the operator commands (with their cascades) as the operator
+// role, and none can write what it does not own.
 func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("psql"); err != nil {
@@ -53,10 +56,10 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 	ctx := t.Context()
 	db := jobstest.New(t)
 	suffix := strings.TrimPrefix(unique(""), "-")
-	reaperRole, workerRole := "jr_reaper_"+suffix, "jr_worker_"+suffix
+	reaperRole, workerRole, operatorRole := "jr_reaper_"+suffix, "jr_worker_"+suffix, "jr_operator_"+suffix
 	t.Cleanup(func() {
 		ctx := context.WithoutCancel(t.Context())
-		for _, r := range []string{reaperRole, workerRole} {
+		for _, r := range []string{reaperRole, workerRole, operatorRole} {
 			id := pgx.Identifier{r}.Sanitize()
 			if _, err := db.Pool.Exec(ctx, `SELECT 1 FROM pg_roles WHERE rolname = $1`, r); err != nil {
 				continue
@@ -65,28 +68,39 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			_, _ = db.Pool.Exec(ctx, "DROP ROLE IF EXISTS "+id)
 		}
 	})
-	psql := exec.CommandContext(ctx, "psql", jobstest.DatabaseURL(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
-		"-v", "schema="+db.Schema, "-v", "reaper_role="+reaperRole, "-v", "worker_role="+workerRole,
-		"-f", "../../deploy/sql/roles.sql")
-	if out, err := psql.CombinedOutput(); err != nil {
-		t.Fatalf("psql -f deploy/sql/roles.sql: %v\n%s", err, out)
+	// As its header says: without operator_role (the earlier form of the
+	// command), then again with it.
+	for _, extra := range [][]string{nil, {"-v", "operator_role=" + operatorRole}} {
+		args := append([]string{jobstest.DatabaseURL(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+			"-v", "schema=" + db.Schema, "-v", "reaper_role=" + reaperRole, "-v", "worker_role=" + workerRole}, extra...)
+		psql := exec.CommandContext(ctx, "psql", append(args, "-f", "../../deploy/sql/roles.sql")...)
+		if out, err := psql.CombinedOutput(); err != nil {
+			t.Fatalf("psql -f deploy/sql/roles.sql %v: %v\n%s", extra, err, out)
+		}
 	}
 
 	// The product's table and what its cascades add, as roles.sql says.
 	s := pgx.Identifier{db.Schema}.Sanitize()
 	db.JobType(t, "report.export", "30 minutes", "", "")
 	db.Exec(t, `CREATE TABLE videos (id text PRIMARY KEY, status text NOT NULL, failed_child text, pending int NOT NULL, title text NOT NULL)`)
-	db.Exec(t, `INSERT INTO videos VALUES ('V1', 'WAITING_CHILDREN', NULL, 1, 'first'), ('V2', 'WAITING_CHILDREN', NULL, 1, 'second')`)
-	db.Exec(t, `GRANT SELECT (id, status, pending), UPDATE (status, failed_child, pending) ON videos TO `+
-		pgx.Identifier{reaperRole}.Sanitize()+", "+pgx.Identifier{workerRole}.Sanitize())
+	db.Exec(t, `INSERT INTO videos VALUES ('V1', 'WAITING_CHILDREN', NULL, 1, 'first'), ('V2', 'WAITING_CHILDREN', NULL, 1, 'second'),
+ ('V3', 'WAITING_CHILDREN', NULL, 1, 'third')`)
+	db.Exec(t, `GRANT SELECT (id, status, pending, failed_child), UPDATE (status, failed_child, pending) ON videos TO `+
+		pgx.Identifier{reaperRole}.Sanitize()+", "+pgx.Identifier{workerRole}.Sanitize()+", "+pgx.Identifier{operatorRole}.Sanitize())
 	cascades := jobs.Cascades{"report.export": {
 		OnFailed: []string{`UPDATE ` + s + `.videos SET status = 'FAILED', failed_child = @job_id
  WHERE id = @parent_id AND status = 'WAITING_CHILDREN'`},
 		OnCompleted: []string{`UPDATE ` + s + `.videos SET pending = pending - 1 WHERE id = @parent_id`},
+		OnRequeued:  []string{`UPDATE ` + s + `.videos SET status = 'WAITING_CHILDREN', failed_child = NULL WHERE id = @parent_id AND failed_child = @job_id`},
 	}}
 	file := filepath.Join(t.TempDir(), "jobreaper.yaml")
-	yaml := "cascades:\n  report.export:\n    on_failed:\n      - \"" + strings.ReplaceAll(strings.ReplaceAll(cascades["report.export"].OnFailed[0], `"`, `\"`), "\n", " ") +
-		"\"\n    on_completed:\n      - \"" + strings.ReplaceAll(cascades["report.export"].OnCompleted[0], `"`, `\"`) + "\"\n"
+	quoted := func(sql string) string {
+		return `"` + strings.ReplaceAll(strings.ReplaceAll(sql, `"`, `\"`), "\n", " ") + `"`
+	}
+	yaml := "cascades:\n  report.export:\n" +
+		"    on_failed:\n      - " + quoted(cascades["report.export"].OnFailed[0]) + "\n" +
+		"    on_completed:\n      - " + quoted(cascades["report.export"].OnCompleted[0]) + "\n" +
+		"    on_requeued:\n      - " + quoted(cascades["report.export"].OnRequeued[0]) + "\n"
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -211,6 +225,78 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		}
 		if n := db.Count(t, `SELECT count(*) FROM videos WHERE id = 'V2' AND pending = 0`); n != 1 {
 			t.Fatal("the on_completed cascade did not count video V2's child down")
+		}
+	})
+
+	t.Run("OperatorRoleCancelsRequeuesInspectsAndPrunes", func(t *testing.T) {
+		rdb := realRedis(t)
+		q, id := unique("opsroles"), unique("Jops")
+		t.Cleanup(func() {
+			ctx := context.WithoutCancel(t.Context())
+			_ = queuetest.Remove(ctx, rdb, q)
+			rdb.Del(ctx, queue.MarkerKey(id))
+		})
+		ops := func(args ...string) []string {
+			return append(args, "--config", file, "--database-url", roleURL(t, db, operatorRole), "--schema", db.Schema, "--redis-url", redisTestURL())
+		}
+		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q, ParentID: "V3"})
+		if _, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("report.export", []byte("p")), asynq.TaskID(id), asynq.Queue(q)); err != nil {
+			t.Fatal(err)
+		}
+
+		requireExit(t, run(t, ops("cancel", "--reason", "operator role", id)...), exitOK)
+		if row := db.Read(t, id); row.Status != jobs.StatusFailed || row.FailureReason != jobs.ReasonCancelled {
+			t.Fatalf("row after cancel = %+v", row)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.jobs WHERE id = $1 AND marker_set_at IS NOT NULL`, id); n != 1 {
+			t.Fatal("the operator role did not record the cancel's marker")
+		}
+		if n := db.Count(t, `SELECT count(*) FROM videos WHERE id = 'V3' AND status = 'FAILED' AND failed_child = $1`, id); n != 1 {
+			t.Fatal("cancel's on_failed cascade did not fail video V3")
+		}
+
+		if err := asynq.NewInspectorFromRedisClient(rdb).ArchiveTask(q, id); err != nil {
+			t.Fatal(err)
+		}
+		requireExit(t, run(t, ops("requeue", "--reason", "operator role", id)...), exitOK)
+		if row := db.Read(t, id); row.Status != jobs.StatusQueued || row.Generation != 1 {
+			t.Fatalf("row after requeue = %+v", row)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM videos WHERE id = 'V3' AND status = 'WAITING_CHILDREN' AND failed_child IS NULL`); n != 1 {
+			t.Fatal("requeue's on_requeued cascade did not reset video V3")
+		}
+		requireExit(t, run(t, ops("inspect", id)...), exitOK)
+
+		old := unique("Jold")
+		db.Insert(t, jobstest.Job{ID: old, Type: "report.export", Status: jobs.StatusCompleted})
+		db.Exec(t, `INSERT INTO `+s+`.job_events (job_id, kind, generation) VALUES ($1, 'claimed', 1)`, old)
+		db.Exec(t, `UPDATE `+s+`.jobs SET finished_at = now() - interval '30 days' WHERE id = $1`, old)
+		pruneArgs := []string{"prune", "--older-than", "8d", "--database-url", roleURL(t, db, operatorRole), "--schema", db.Schema}
+		requireExit(t, run(t, pruneArgs...), exitOK)
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.job_events WHERE job_id = $1`, old); n != 0 {
+			t.Fatalf("%d events of the old job left after prune", n)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.prune_runs WHERE events >= 1 AND complete`); n != 1 {
+			t.Fatal("prune as the operator role did not record its run")
+		}
+
+		operator, err := pgx.Connect(ctx, roleURL(t, db, operatorRole))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer operator.Close(context.WithoutCancel(ctx))
+		for _, sql := range []string{
+			`UPDATE ` + s + `.videos SET title = 'overwritten'`,
+			`UPDATE ` + s + `.jobs SET type = 'other'`,
+			`UPDATE ` + s + `.jobs SET "cursor" = 0`,
+			`UPDATE ` + s + `.jobs SET worker = 'someone'`,
+			`DELETE FROM ` + s + `.jobs`,
+			`INSERT INTO ` + s + `.jobs (id, type) VALUES ('x', 'report.export')`,
+			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
+			`DELETE FROM ` + s + `.leader_leases`,
+			`CREATE TABLE ` + s + `.intruder (id int)`,
+		} {
+			requireDenied(t, operator, sql)
 		}
 	})
 

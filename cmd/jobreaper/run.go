@@ -106,7 +106,7 @@ Logs always go to stderr.`,
 
 // runOnceCmd loads the configuration and runs one pass.
 func (a *app) runOnceCmd(cmd *cobra.Command, output string, mode runMode) error {
-	cfg, err := a.loadConfig(cmd)
+	cfg, err := a.loadConfig(cmd, config.RunOnceKeys...)
 	if err != nil {
 		return err
 	}

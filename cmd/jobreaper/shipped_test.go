@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -161,5 +162,91 @@ func TestSystemdUnitPathsExistAfterItsInstallSteps(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(root, "etc/jobreaper/env")); err == nil && fi.Mode().Perm() != 0o600 {
 		t.Errorf("the environment file holds secrets and has mode %v, want 0600", fi.Mode().Perm())
+	}
+}
+
+// k8sEnv is one env entry of a container of the Kubernetes example.
+type k8sEnv struct {
+	Name      string `yaml:"name"`
+	Value     string `yaml:"value"`
+	ValueFrom *struct {
+		SecretKeyRef *struct {
+			Name string `yaml:"name"`
+			Key  string `yaml:"key"`
+		} `yaml:"secretKeyRef"`
+	} `yaml:"valueFrom"`
+}
+
+// Every container of the Kubernetes example that loads jobreaper's
+// settings (JOBREAPER_CONFIG) gets the database and Redis URLs from the
+// same Secret keys as the daemon: a worker built from README's program
+// loads them with config.Load, and without them stops at start with
+// "database_url is required".
+func TestKubernetesContainersThatLoadTheConfigGetTheDaemonsSecrets(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../deploy/kubernetes-sidecar.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type container struct {
+		Name string   `yaml:"name"`
+		Env  []k8sEnv `yaml:"env"`
+	}
+	var containers []container
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	for {
+		var doc struct {
+			Kind string `yaml:"kind"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						InitContainers []container `yaml:"initContainers"`
+						Containers     []container `yaml:"containers"`
+					} `yaml:"spec"`
+				} `yaml:"template"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if doc.Kind == "Deployment" {
+			containers = append(append(containers, doc.Spec.Template.Spec.InitContainers...), doc.Spec.Template.Spec.Containers...)
+		}
+	}
+	secrets := func(c container) map[string]string {
+		out := map[string]string{}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				out[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+			}
+		}
+		return out
+	}
+	var daemon map[string]string
+	for _, c := range containers {
+		if c.Name == "jobreaper" {
+			daemon = secrets(c)
+		}
+	}
+	if daemon["JOBREAPER_DATABASE_URL"] == "" || daemon["JOBREAPER_REDIS_URL"] == "" {
+		t.Fatalf("the daemon container's secret references = %v, want the database and Redis URLs", daemon)
+	}
+	loaders := 0
+	for _, c := range containers {
+		if !slices.ContainsFunc(c.Env, func(e k8sEnv) bool { return e.Name == "JOBREAPER_CONFIG" }) {
+			continue
+		}
+		loaders++
+		got := secrets(c)
+		for _, name := range []string{"JOBREAPER_DATABASE_URL", "JOBREAPER_REDIS_URL"} {
+			if got[name] != daemon[name] {
+				t.Errorf("container %s: %s comes from %q, the daemon's from %q", c.Name, name, got[name], daemon[name])
+			}
+		}
+	}
+	if loaders < 3 {
+		t.Fatalf("%d containers load JOBREAPER_CONFIG, want the migrate init container, the worker and the daemon", loaders)
 	}
 }

@@ -1,12 +1,14 @@
 -- Least-privilege roles for jobreaper: one for the reaper daemon
 -- (`jobreaper run`), one for the workers that link the library (the start
--- guard, heartbeats, Advance, Complete, Fail, and queue.Enqueue). Run it as
--- the owner of jobreaper's tables (the role that ran `jobreaper migrate`),
--- after migrate, and again after every migrate that adds a table:
+-- guard, heartbeats, Advance, Complete, Fail, and queue.Enqueue), and,
+-- when operator_role is given, one for the operator commands (inspect,
+-- requeue, cancel, prune). Run it as the owner of jobreaper's tables (the
+-- role that ran `jobreaper migrate`), after migrate, and again after every
+-- migrate that adds a table:
 --
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 \
 --        -v schema=jobreaper -v reaper_role=jobreaper_reaper -v worker_role=app_worker \
---        -f deploy/sql/roles.sql
+--        [-v operator_role=jobreaper_operator] -f deploy/sql/roles.sql
 --
 -- Role names are parameters because roles belong to the whole server, not
 -- to one database: pick names no other database uses for something else.
@@ -14,12 +16,14 @@
 -- LOGIN; give it one (\password jobreaper_reaper) or map it in pg_hba.conf.
 -- An existing role is left as it is and only gains the grants below.
 --
--- Neither role may create, alter or drop anything: `jobreaper migrate`
--- runs as the owner. Every grant says which statement needs it.
+-- No role may create, alter or drop anything: `jobreaper migrate` runs as
+-- the owner. Every grant says which statement needs it.
 --
 -- What a cascade adds: the on_failed statements run in the reaper's
--- transaction (a reap) and in the worker's (Fail, and the guard's failure
--- mapping), the on_completed statements in the worker's (Complete).
+-- transaction (a reap), in the worker's (Fail, and the guard's failure
+-- mapping) and in the operator's (cancel), the on_completed statements in
+-- the worker's (Complete), the on_requeued statements in the operator's
+-- (requeue).
 -- Each role therefore needs, on the product's tables a cascade names,
 -- exactly what the statements do, column by column, for example:
 --
@@ -86,11 +90,34 @@ GRANT INSERT (job_id, token, generation, expected_cursor, count, cursor_after),
       UPDATE (generation, expected_cursor, count, cursor_after, at)
    ON :"schema".job_batches TO :"worker_role";
 
--- The operator commands (inspect, cancel, prune, requeue) are an
--- operator's acts: run them as the owner, or give an operator role what
--- they write (cancel: the reaper's grants plus its cascades; prune: DELETE
--- on job_events and job_batches).
---
+-- Operator ---------------------------------------------------------------
+-- Only with -v operator_role=NAME; without it the operator commands run as
+-- the owner, as before.
+\if :{?operator_role}
+SELECT format('CREATE ROLE %I LOGIN', :'operator_role')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'operator_role')
+\gexec
+GRANT USAGE ON SCHEMA :"schema" TO :"operator_role";
+GRANT SELECT ON :"schema".jobreaper_schema_version, :"schema".job_types TO :"operator_role";
+-- inspect, requeue and cancel read the job, its events and batch records;
+-- prune reads the finished jobs whose history it deletes.
+GRANT SELECT ON :"schema".jobs, :"schema".job_events, :"schema".job_batches TO :"operator_role";
+-- cancel: locks the row (SELECT ... FOR UPDATE), fails it, and records
+-- its marker; requeue: back to QUEUED with the generation raised, the
+-- failure cleared and updated_at moved. Never type, queue, parent_id,
+-- tenant_id, "cursor", total or the attempt's worker and start.
+GRANT UPDATE (status, generation, failure_reason, finished_at, marker_set_at, updated_at)
+   ON :"schema".jobs TO :"operator_role";
+-- The cancelled and requeued events.
+GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"operator_role";
+GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"operator_role";
+-- prune: deletes finished jobs' events and batch records, and records the
+-- run in prune_runs.
+GRANT DELETE ON :"schema".job_events, :"schema".job_batches TO :"operator_role";
+GRANT INSERT (older_than, cutoff, events, batches, complete, operator) ON :"schema".prune_runs TO :"operator_role";
+GRANT USAGE ON SEQUENCE :"schema".prune_runs_id_seq TO :"operator_role";
+\endif
+
 -- Not granted, on purpose: DELETE on any other table (a product that deletes
 -- job rows needs DELETE on jobs, and the delete trigger then needs INSERT
 -- and UPDATE on job_past_lives: grant those to the role that deletes);
