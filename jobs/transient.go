@@ -72,6 +72,63 @@ func transient(err error) bool {
 	return false
 }
 
+// connectionLost reports whether err says that the connection to
+// PostgreSQL was lost or could not be made: the narrower reading of an
+// outage that the daemon's outage grace counts (ConnWatch), where transient
+// is the broader one the finalization retries use. It accepts:
+//
+//   - any failure to connect (a *pgconn.ConnectError): a dial refused, reset
+//     or timed out, a connect timeout, a server that cannot accept the
+//     connection yet (57P03, the database system is starting up); but not
+//     a refusal by a server that is up (a wrong password, a database that
+//     does not exist, no connection slot left: every other SQLSTATE a
+//     connect returns), which may repeat at every pass and would then hold
+//     every job for good;
+//   - on an open connection: a reset, closed or cut-short socket (EOF,
+//     ECONNRESET, EPIPE, a net.Error that is not a timeout), and the
+//     server's own word that it ended the session or the connection
+//     (SQLSTATE class 08, 57P01 admin_shutdown, 57P02 crash_shutdown,
+//     57P03 cannot_connect_now).
+//
+// It refuses what a single statement or row can cause again and again,
+// so that one failing SQL row can never hold every job: every other
+// server error (a deadlock, a serialization failure, a statement timeout
+// or cancel, an operator cascade that raises, a permission), a statement
+// that ran out of time on an open connection (pgx reports a lock wait the
+// same way as a server that stopped answering), pgconn.ErrConnClosed (the
+// driver closed the connection itself after such a timeout), a closed
+// pool, context.Canceled and nil.
+func connectionLost(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	if pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, pgconn.ErrConnClosed) {
+		return false
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) && !netErr.Timeout()
+}
+
 // finalBackoff is the pause before each retry of a finalization write
 // (Fail, Release, AutoComplete, and the start of CompleteWith): five
 // retries over 7.75 s in all. A blip of a few seconds (a failover, a
