@@ -44,7 +44,14 @@ const (
 // tracer).
 func (d *DB) Cuttable(t testing.TB, configure ...func(*pgxpool.Config)) *Cuttable {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(d.URL)
+	return NewCuttable(t, d.URL, configure...)
+}
+
+// NewCuttable is DB.Cuttable for any database URL (a cluster the test
+// started itself).
+func NewCuttable(t testing.TB, url string, configure ...func(*pgxpool.Config)) *Cuttable {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
