@@ -87,6 +87,7 @@ var badCLICases = []badCLICase{
 	{"PageSizeAbsurdlyLarge", onDB("run", "--page-size", "99999999999999999999"), exitCannotRun, []string{"--page-size"}},
 	{"MaxLostPerPassNegative", onDB("run", "--max-lost-per-pass", "-1"), exitCannotRun, []string{"max_lost_per_pass -1 is negative"}},
 	{"StaleQueuedLookupsZero", onDB("run", "--stale-queued-lookups-per-pass", "0"), exitCannotRun, []string{"stale_queued_lookups_per_pass 0 is below 1"}},
+	{"OutageGraceNotABoolean", onDB("run", "--outage-grace=sometimes"), exitCannotRun, []string{"--outage-grace"}},
 	{"MarkerWindowBelowInterval", onDB("run", "--marker-check-window", "1s"), exitCannotRun, []string{"marker_check_window 1s is below interval"}},
 	{"StartJitterNegative", onDB("run", "--start-jitter", "-1s"), exitCannotRun, []string{"start_jitter -1s is negative"}},
 	{"SchemaThatIsNotAnIdentifier", func(db *jobstest.DB, _ string) []string {

@@ -135,7 +135,7 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 		return w, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	w.reaper = reaper.New(w.store, lister, w.markers, reaper.Options{
-		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper,
+		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper, OutageGrace: w.cfg.OutageGraceOn(),
 	})
 	hb, err := jobs.NewHeartbeater(w.store, nil, w.cfg.HeartbeatInterval)
 	if err != nil {
