@@ -15,9 +15,9 @@ import (
 
 // transient reports whether err says that PostgreSQL could not be reached
 // or asked for the statement to be tried again, so that the same write,
-// sent again a moment later, may go through. It is the one place this
-// package tells such errors from the others, for the finalization retries
-// below and for any other reader of "was this an outage?":
+// sent again a moment later, may go through: the reading of the
+// finalization retries below. (The outage grace asks a narrower question,
+// "was the connection lost?", which connectionLost answers.) It accepts:
 //
 //   - connection-level failures: a dial refused or timed out, a connection
 //     reset, closed or cut short (EOF), any net.Error, pgx's own
@@ -32,9 +32,8 @@ import (
 //
 // A timeout cannot tell a database that does not answer from a statement
 // that waited too long for a lock (pgx reports both as the context's
-// deadline, not as a PostgreSQL error); both count as transient here, and
-// a reader that must tell them apart (an outage detector) should look at
-// what the next statement says.
+// deadline, not as a PostgreSQL error); both count as transient here;
+// connectionLost counts neither, only a connect that timed out.
 //
 // Never transient: nil, context.Canceled (the caller gave up), any other
 // PostgreSQL error (a constraint, a permission, a bad statement: sending
