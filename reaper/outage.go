@@ -36,10 +36,12 @@ func (r *Reaper) readClock(ctx context.Context, res *Result) (time.Time, error) 
 	return c.Now, nil
 }
 
-// logHeld says, once per pass, how many jobs the outage grace held.
+// logHeld says, once per pass, how many jobs the outage grace held: at
+// debug level, since holding changes nothing (the recorded outage end was
+// logged at info, and jobreaper_jobs_skipped_total counts the holds).
 func (r *Reaper) logHeld(res *Result) {
 	if n := res.Skipped[string(SkipOutageGrace)]; n > 0 {
-		r.log.Info("jobs held by the outage grace: stalled by their idle time, but idle time never counts across a PostgreSQL outage",
+		r.log.Debug("jobs held by the outage grace: stalled by their idle time, but idle time never counts across a PostgreSQL outage",
 			"held", n, "outage_end", res.rule.OutageEnd)
 	}
 }
