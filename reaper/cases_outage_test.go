@@ -122,7 +122,7 @@ type passLoop struct {
 }
 
 type passRecord struct {
-	at  time.Time
+	at  time.Time // when the pass began
 	res reaper.Result
 	err error
 }
@@ -134,9 +134,10 @@ func startPassLoop(t *testing.T, r *reaper.Reaper) *passLoop {
 	go func() {
 		defer close(l.ended)
 		for ctx.Err() == nil {
+			began := time.Now()
 			res, err := r.RunOnce(ctx)
 			l.mu.Lock()
-			l.passes = append(l.passes, passRecord{at: time.Now(), res: res, err: err})
+			l.passes = append(l.passes, passRecord{at: began, res: res, err: err})
 			l.mu.Unlock()
 			select {
 			case <-ctx.Done():
@@ -349,16 +350,14 @@ func runSharedOutage(t *testing.T, nLive int, withHung bool) *sharedOutage {
 
 // waitGraceOver waits until every live job heartbeated after the outage
 // and the grace (one stall timeout after the outage end) is over, with two
-// more passes after that, and returns the passes since the restore.
-func (o *sharedOutage) waitGraceOver(t *testing.T, end time.Time) []reaper.Result {
+// more passes after that.
+func (o *sharedOutage) waitGraceOver(t *testing.T, end time.Time) {
 	t.Helper()
 	waitFor(t, 60*time.Second, "every live job's heartbeat lands after the outage", func() bool {
 		return o.admin.count(t, `j.updated_at > $2`, o.live, o.restored) == len(o.live)
 	})
 	waitFor(t, 60*time.Second, "the grace is over", func() bool { return o.admin.now(t).After(end.Add(outageStall)) })
-	over := time.Now()
-	o.loop.waitPasses(t, over, 2)
-	return o.loop.since(o.restoredLocal)
+	o.loop.waitPasses(t, time.Now(), 2)
 }
 
 // TestCase_B47_ASharedOutageReapsNoLiveJob: 20 live jobs past max_runtime,
@@ -384,7 +383,9 @@ func TestCase_B47_ASharedOutageReapsNoLiveJob(t *testing.T) {
 		t.Fatalf("the stalled job's evidence: outage end %v, reaped at %s; want the outage end %s and a reap a stall timeout after it",
 			ev.OutageEnd, ev.DBNow, end)
 	}
-	passes := o.waitGraceOver(t, end)
+	o.waitGraceOver(t, end)
+	o.loop.stop()
+	passes := o.loop.since(o.restoredLocal)
 	o.admin.requireNoneReaped(t, o.live)
 	held, reaped := 0, 0
 	for _, res := range passes {
