@@ -65,8 +65,8 @@ type Options struct {
 	Queues []string
 	// Interval between daemon passes (default IntervalDefault).
 	Interval time.Duration
-	// Rule is the stall rule's daemon-wide part. Its OutageEnd is set by
-	// each pass (OutageGrace).
+	// Rule is the stall rule's daemon-wide part. Its OutageEnd is not
+	// read: each pass sets it from its clock reading (OutageGrace).
 	Rule jobs.StallRule
 	// OutageGrace makes idle time never count across a PostgreSQL outage:
 	// each pass reads the last outage end (jobs.Store.PassClock, recording
