@@ -96,6 +96,11 @@ const (
 	// 0 (set in the file, the environment or --max-lost-per-pass 0) means
 	// no limit; WithDefaults reads a zero as unset.
 	MaxLostPerPassDefault = 100
+	// OutageGraceDefault keeps idle time from counting across a PostgreSQL
+	// outage: a live worker cannot write a heartbeat while PostgreSQL is
+	// unreachable, and without the grace a routine failover longer than a
+	// stall timeout would fail every running job.
+	OutageGraceDefault = true
 )
 
 // Config is everything the jobreaper daemon and its commands are configured
@@ -166,6 +171,13 @@ type Config struct {
 	// Empty, the default, verifies each connection against the host of
 	// the address it dialled.
 	RedisTLSServerName string `yaml:"redis_tls_server_name" koanf:"redis_tls_server_name"`
+	// OutageGrace makes idle time never count across a PostgreSQL outage:
+	// after a restart, a failover or lost connections, no job idle since
+	// before the outage's end is reaped for one stall timeout. nil means
+	// the default, OutageGraceDefault (true), which WithDefaults sets: a
+	// bool could not tell an unset value from false. Read it with
+	// OutageGraceOn.
+	OutageGrace *bool `yaml:"outage_grace" koanf:"outage_grace"`
 	// Cascades are each job type's on_failed, on_completed and
 	// on_requeued statements. They are read from the config file only (SQL
 	// does not belong in a flag or an environment variable).
@@ -193,7 +205,20 @@ func (c Config) WithDefaults() Config {
 	c.StaleQueuedLookupsPerPass = cmp.Or(c.StaleQueuedLookupsPerPass, StaleQueuedLookupsPerPassDefault)
 	c.MarkerCheckWindow = cmp.Or(c.MarkerCheckWindow, MarkerCheckWindowDefault)
 	c.MaxLostPerPass = cmp.Or(c.MaxLostPerPass, MaxLostPerPassDefault)
+	if c.OutageGrace == nil {
+		on := OutageGraceDefault
+		c.OutageGrace = &on
+	}
 	return c
+}
+
+// OutageGraceOn reports whether the outage grace is on: OutageGrace, or
+// OutageGraceDefault when it is nil.
+func (c Config) OutageGraceOn() bool {
+	if c.OutageGrace == nil {
+		return OutageGraceDefault
+	}
+	return *c.OutageGrace
 }
 
 // MinStallTimeout is 2 x HeartbeatInterval + Interval: the longest a live

@@ -87,6 +87,7 @@ func TestWithDefaults(t *testing.T) {
 			StaleQueuedLookupsPerPass: 1000,
 			MarkerCheckWindow:         time.Hour,
 			MaxLostPerPass:            100,
+			OutageGrace:               ptr(true),
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)
@@ -130,3 +131,5 @@ func TestStallRule(t *testing.T) {
 		t.Fatalf("StallRule() = %+v, want %+v", got, want)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -99,6 +99,21 @@ func setField(f reflect.Value, s setting, val any) error {
 			return bad("is not a string")
 		}
 		f.SetString(x)
+	case *bool:
+		var on bool
+		switch x := val.(type) {
+		case bool:
+			on = x
+		case string:
+			b, err := strconv.ParseBool(strings.TrimSpace(x))
+			if err != nil {
+				return bad("is not a boolean (use true or false)")
+			}
+			on = b
+		default:
+			return bad("is not a boolean (use true or false)")
+		}
+		f.Set(reflect.ValueOf(&on))
 	case []string:
 		list, err := stringList(val)
 		if err != nil {

@@ -56,6 +56,7 @@ var settings = []setting{
 	{key: "max_lost_per_pass", usage: "most jobs one cycle over the lost-task candidates may reap as lost_task; a cycle that would reap more reaps none (Redis lost its data?); 0 means no limit (jobs)"},
 	{key: "stale_queued_lookups_per_pass", usage: "most QUEUED rows one daemon pass looks up in asynq, at least 1 (rows)"},
 	{key: "strict_queues", usage: "run --once refuses to run (exit 2) when a queue of --queues is not known to asynq in that Redis, instead of warning and scanning it as empty"},
+	{key: "outage_grace", usage: "idle time never counts across a PostgreSQL outage: after a restart, a failover or lost connections, no job idle since before it is reaped for one stall timeout; false turns it off"},
 }
 
 // flagName returns the flag of a YAML key: stall_timeout -> stall-timeout.
@@ -104,6 +105,8 @@ func RegisterFlags(fs *pflag.FlagSet, keys ...string) {
 			fs.StringSlice(name, nil, s.usage)
 		case string:
 			fs.String(name, v.String(), s.usage)
+		case *bool:
+			fs.Bool(name, v.Elem().Bool(), s.usage)
 		default:
 			panic(fmt.Sprintf("config: no flag kind for %s (%s)", s.key, v.Type()))
 		}

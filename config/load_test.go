@@ -108,7 +108,7 @@ queues: [file-a, file-b]
 			"JOBREAPER_METRICS_ADDR=:9999", "JOBREAPER_LOG_LEVEL=debug",
 			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
 			"JOBREAPER_STALE_QUEUED_AFTER=2h", "JOBREAPER_STALE_QUEUED_LOOKUPS_PER_PASS=50",
-			"JOBREAPER_MARKER_CHECK_WINDOW=3h", "JOBREAPER_MAX_LOST_PER_PASS=0", "JOBREAPER_STRICT_QUEUES=true",
+			"JOBREAPER_MARKER_CHECK_WINDOW=3h", "JOBREAPER_MAX_LOST_PER_PASS=0", "JOBREAPER_STRICT_QUEUES=true", "JOBREAPER_OUTAGE_GRACE=false",
 		}
 		got, err := Load(Sources{Environ: env})
 		if err != nil {
@@ -121,6 +121,7 @@ queues: [file-a, file-b]
 			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
 			StaleQueuedAfter: 2 * time.Hour, StaleQueuedLookupsPerPass: 50, MarkerCheckWindow: 3 * time.Hour, MaxLostPerPass: 0,
 			StrictQueues: true,
+			OutageGrace: ptr(false),
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("\n got %+v\nwant %+v", got, want)
@@ -195,6 +196,37 @@ strict_queues: yes
 		want := `interval: "5 minutes" is not a duration (use Go syntax such as 5m or 90s) (from environment JOBREAPER_INTERVAL)`
 		if err.Error() != want {
 			t.Fatalf("err = %q, want %q", err, want)
+		}
+	})
+
+	// outage_grace defaults to true, which a zero bool could not say: the
+	// file, the environment and the flag each turn it off (or on again),
+	// and a value that is not a boolean is named with its source.
+	t.Run("ReadsOutageGraceFromEverySource", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			name string
+			src  Sources
+			want bool
+		}{
+			{"Default", Sources{}, true},
+			{"File", Sources{File: writeFile(t, "outage_grace: false\n")}, false},
+			{"Environment", Sources{Environ: []string{"JOBREAPER_OUTAGE_GRACE=false"}}, false},
+			{"FlagOverEnvironment", Sources{Environ: []string{"JOBREAPER_OUTAGE_GRACE=false"}, Flags: flags(t, "--outage-grace")}, true},
+			{"FlagFalse", Sources{Flags: flags(t, "--outage-grace=false")}, false},
+		} {
+			got, err := Load(c.src)
+			if err != nil || got.OutageGrace == nil || got.OutageGraceOn() != c.want {
+				t.Errorf("%s: outage_grace %v (%v), want %v", c.name, got.OutageGrace, err, c.want)
+			}
+		}
+		_, err := Load(Sources{Environ: []string{"JOBREAPER_OUTAGE_GRACE=sometimes"}})
+		want := `outage_grace: "sometimes" is not a boolean (use true or false) (from environment JOBREAPER_OUTAGE_GRACE)`
+		if err == nil || err.Error() != want {
+			t.Fatalf("err = %v, want %q", err, want)
+		}
+		if (Config{}).OutageGraceOn() != OutageGraceDefault {
+			t.Fatal("a Config without outage_grace does not have the default")
 		}
 	})
 

@@ -119,6 +119,10 @@ func checkDefault(t *testing.T, key, doc string, def any) {
 		} else if doc != v {
 			t.Errorf("README default of %s is %q, want %q", key, doc, v)
 		}
+	case *bool:
+		if v == nil || doc != strconv.FormatBool(*v) {
+			t.Errorf("README default of %s is %q, want %v", key, doc, v)
+		}
 	default:
 		if !reflect.ValueOf(v).IsZero() {
 			t.Errorf("Config default of %s is %v; teach this test to compare it", key, v)

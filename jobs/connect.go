@@ -38,9 +38,12 @@ func ValidSchema(schema string) bool { return schemaPattern.MatchString(schema) 
 // search_path the URL sets, on a direct connection). It pings once so that
 // a wrong URL or credentials fail here.
 //
+// Each of configure, when given, adjusts the pool's configuration before
+// the pool is created (ConnWatch.Install puts the daemon's tracer there).
+//
 // Errors: ErrBadSchema for a malformed schema name; otherwise an error that
 // names the host but never the password of databaseURL.
-func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, error) {
+func Connect(ctx context.Context, databaseURL, schema string, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	if !ValidSchema(schema) {
 		return nil, fmt.Errorf("jobs.Connect: schema %q: %w", schema, ErrBadSchema)
 	}
@@ -51,6 +54,9 @@ func Connect(ctx context.Context, databaseURL, schema string) (*pgxpool.Pool, er
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "jobreaper"
+	}
+	for _, c := range configure {
+		c(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

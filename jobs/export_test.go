@@ -80,3 +80,10 @@ const (
 	ProcessingQueuesSQL = processingQueuesSQL
 	NoQueueSQL          = noQueueSQL
 )
+
+// Pending exposes whether w saw connection-level failures that no
+// PassClock recorded yet.
+func (w *ConnWatch) Pending() bool {
+	_, _, ok := w.pending()
+	return ok
+}

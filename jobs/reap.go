@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Failure reasons: fixed codes stored in jobs.failure_reason, never error
@@ -36,6 +37,12 @@ type StallRule struct {
 	// DefaultHardTimeout applies to types whose hard_timeout is NULL
 	// (normally HardTimeoutDefault).
 	DefaultHardTimeout time.Duration
+	// OutageEnd is the end of the last PostgreSQL outage on the database
+	// clock (Store.PassClock reads it): idle time never counts across an
+	// outage, so it runs from the later of a job's updated_at and
+	// OutageEnd. The zero value means none (the grace off): idle time runs
+	// from updated_at alone, as '-infinity' does in SQL.
+	OutageEnd time.Time
 }
 
 // InMicroseconds returns r with each duration truncated to whole
@@ -49,6 +56,7 @@ func (r StallRule) InMicroseconds() StallRule {
 		DefaultStallTimeout: r.DefaultStallTimeout.Truncate(time.Microsecond),
 		MinStallTimeout:     r.MinStallTimeout.Truncate(time.Microsecond),
 		DefaultHardTimeout:  r.DefaultHardTimeout.Truncate(time.Microsecond),
+		OutageEnd:           r.OutageEnd.Truncate(time.Microsecond),
 	}
 }
 
@@ -57,14 +65,26 @@ func (r StallRule) args() pgx.NamedArgs {
 		"default_stall": Interval(r.DefaultStallTimeout),
 		"min_stall":     Interval(r.MinStallTimeout),
 		"default_hard":  Interval(r.DefaultHardTimeout),
+		"outage_end":    outageEndArg(r.OutageEnd),
 	}
+}
+
+// outageEndArg is StallRule.OutageEnd as StallPredicate's @outage_end:
+// '-infinity' for none, which greatest() passes over.
+func outageEndArg(end time.Time) pgtype.Timestamptz {
+	if end.IsZero() {
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	}
+	return pgtype.Timestamptz{Time: end, Valid: true}
 }
 
 // StallPredicate is the whole stall rule as SQL over jobs j joined with
 // job_types t, on the database clock: the job is PROCESSING with a start
 // time, its type's limits are sane (stall timeout at least @min_stall;
 // hard_timeout longer than max_runtime + stall timeout), its runtime exceeds
-// max_runtime and its idle time reaches the stall timeout. Every SQL form of
+// max_runtime and its idle time reaches the stall timeout, idle time counted
+// from the later of updated_at and @outage_end (StallRule.OutageEnd,
+// '-infinity' for none: no outage grace). Every SQL form of
 // the rule (the reap UPDATE, set-based scans) uses this one fragment, and
 // reaper.Decide states the same rule in Go; one boundary table tests both.
 //
@@ -101,7 +121,7 @@ const StallPredicate = `
     + extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) - 453600 * extract(year FROM coalesce(t.stall_timeout, @default_stall))
   AND CASE WHEN isfinite(j.started_at) AND isfinite(j.updated_at)
            THEN now() - j.started_at > t.max_runtime
-            AND now() - j.updated_at >= coalesce(t.stall_timeout, @default_stall)
+            AND now() - greatest(j.updated_at, @outage_end::timestamptz) >= coalesce(t.stall_timeout, @default_stall)
       END`
 
 // ReapParams names the job to reap and the state it was read in.
@@ -131,6 +151,9 @@ type Evidence struct {
 	// DBNow is the database's now() of the reap; the marker's 7 days run
 	// from it.
 	DBNow time.Time `json:"db_now"`
+	// OutageEnd is the outage end the reap counted idle time from when it
+	// was later than updated_at (StallRule.OutageEnd); nil otherwise.
+	OutageEnd *time.Time `json:"outage_end,omitempty"`
 }
 
 func (e Evidence) detail() ([]byte, error) {

@@ -203,6 +203,11 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		if err != nil || len(reaped) == 0 {
 			return err
 		}
+		for i := range reaped {
+			if end := p.Rule.OutageEnd; end.After(reaped[i].Evidence.UpdatedAt) {
+				reaped[i].Evidence.OutageEnd = &end
+			}
+		}
 		slices.SortFunc(reaped, func(a, b ReapedJob) int { return cmp.Compare(a.JobID, b.JobID) })
 		if failedAt, err = s.reapFollowUps(ctx, tx, reaped, saved); err != nil {
 			return err

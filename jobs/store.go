@@ -59,6 +59,12 @@ type Store struct {
 	// beforeReapCommit, set by tests only, runs in each reap transaction
 	// after its leader lease check, just before COMMIT.
 	beforeReapCommit func()
+	// watch is the pool's ConnWatch (WithConnWatch) PassClock records
+	// outage ends from; nil without it.
+	watch *ConnWatch
+	// noTimeline is set once PostgreSQL refused pg_control_checkpoint() to
+	// this role: PassClock reads no timeline from then on.
+	noTimeline atomic.Bool
 }
 
 // schemaPlaceholder is what statements of this package write where the

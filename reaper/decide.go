@@ -39,6 +39,12 @@ const (
 	// SkipProgressing: runtime exceeded max_runtime but updated_at moved
 	// within the stall timeout.
 	SkipProgressing SkipReason = "progressing"
+	// SkipOutageGrace: the job is stalled by its idle time (now -
+	// updated_at) but not by its idle time counted from the end of the last
+	// PostgreSQL outage (jobs.StallRule.OutageEnd): its worker could not
+	// write a heartbeat while PostgreSQL was unreachable, so it is held
+	// until one stall timeout after the outage ended.
+	SkipOutageGrace SkipReason = "outage_grace"
 )
 
 // Skip reasons the pass adds around Decide.
@@ -71,9 +77,11 @@ type Verdict struct {
 
 // Decide is the stall rule in Go, with no I/O: a job is stalled when it is
 // PROCESSING with a start time, its type's limits are sane, its runtime
-// (now - started_at) exceeds max_runtime, and its idle time (now -
-// updated_at) is at least the stall timeout. now must be the database
-// clock's reading (jobs.Store.Now), since started_at and updated_at were
+// (now - started_at) exceeds max_runtime, and its idle time is at least the
+// stall timeout, idle time counted from the later of updated_at and
+// rule.OutageEnd (zero: from updated_at). A job stalled by now - updated_at
+// alone is skipped as SkipOutageGrace. now must be the database clock's
+// reading (jobs.Store.PassClock), since started_at and updated_at were
 // written by it. snap is nil when the task has no row.
 //
 // The rule is applied in whole microseconds (jobs.StallRule.InMicroseconds),
@@ -133,6 +141,8 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 		v.Skip = SkipWithinLimit
 	case microsBetween(snap.UpdatedAt, now) < *stallUs:
 		v.Skip = SkipProgressing
+	case !rule.OutageEnd.IsZero() && rule.OutageEnd.After(snap.UpdatedAt) && microsBetween(rule.OutageEnd, now) < *stallUs:
+		v.Skip = SkipOutageGrace
 	default:
 		v.Reap = true
 	}

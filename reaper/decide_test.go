@@ -38,7 +38,11 @@ type boundaryCase struct {
 	// 292 years.
 	started       string
 	runtime, idle time.Duration
-	want          reaper.SkipReason // "" = reap
+	// grace sets the rule's outage end outageAgo before now() (a negative
+	// outageAgo puts it ahead of now(): a clock that was ahead).
+	grace     bool
+	outageAgo time.Duration
+	want      reaper.SkipReason // "" = reap
 }
 
 var boundaryTable = []boundaryCase{
@@ -78,13 +82,41 @@ var boundaryTable = []boundaryCase{
 	{name: "CompletedJobIsNotProcessing", maxRuntime: "30 minutes", status: jobs.StatusCompleted, runtime: time.Hour, idle: time.Hour, want: reaper.SkipNotProcessing},
 	{name: "NullStartTime", maxRuntime: "30 minutes", noStart: true, idle: time.Hour, want: reaper.SkipNoStartTime},
 	{name: "UnknownType", runtime: time.Hour, idle: time.Hour, want: reaper.SkipUnknownType},
+	// The outage grace: idle time counts from the later of updated_at and
+	// the last outage end.
+	{name: "OutageEndedJustUnderTheStallTimeoutAgo", maxRuntime: "30 minutes", runtime: time.Hour, idle: 40 * time.Minute,
+		grace: true, outageAgo: 15*time.Minute - us, want: reaper.SkipOutageGrace},
+	{name: "OutageEndedExactlyTheStallTimeoutAgo", maxRuntime: "30 minutes", runtime: time.Hour, idle: 40 * time.Minute,
+		grace: true, outageAgo: 15 * time.Minute},
+	{name: "OutageEndedBeforeTheLastProgress", maxRuntime: "30 minutes", runtime: time.Hour, idle: 15 * time.Minute,
+		grace: true, outageAgo: 15*time.Minute + us},
+	{name: "OutageEndedWithTheLastProgress", maxRuntime: "30 minutes", runtime: time.Hour, idle: 15 * time.Minute,
+		grace: true, outageAgo: 15 * time.Minute},
+	{name: "OutageEndedJustAfterTheLastProgress", maxRuntime: "30 minutes", runtime: time.Hour, idle: 15 * time.Minute,
+		grace: true, outageAgo: 15*time.Minute - us, want: reaper.SkipOutageGrace},
+	{name: "ProgressingIsNotOutageGrace", maxRuntime: "30 minutes", runtime: time.Hour, idle: 15*time.Minute - us,
+		grace: true, outageAgo: time.Minute, want: reaper.SkipProgressing},
+	{name: "WithinLimitIsNotOutageGrace", maxRuntime: "30 minutes", runtime: 30 * time.Minute, idle: 20 * time.Minute,
+		grace: true, outageAgo: time.Minute, want: reaper.SkipWithinLimit},
+	{name: "OutageGraceWithTheTypesStallTimeout", maxRuntime: "60 minutes", stall: "20 minutes", runtime: 2 * time.Hour, idle: time.Hour,
+		grace: true, outageAgo: 20*time.Minute - us, want: reaper.SkipOutageGrace},
+	{name: "TheTypesStallTimeoutPassedSinceTheOutage", maxRuntime: "60 minutes", stall: "20 minutes", runtime: 2 * time.Hour, idle: time.Hour,
+		grace: true, outageAgo: 20 * time.Minute},
+	{name: "OutageEndAheadOfNow", maxRuntime: "30 minutes", runtime: time.Hour, idle: 40 * time.Minute,
+		grace: true, outageAgo: -time.Hour, want: reaper.SkipOutageGrace},
+	{name: "OutageEndLongAgo", maxRuntime: "30 minutes", runtime: time.Hour, idle: 40 * time.Minute,
+		grace: true, outageAgo: 24 * time.Hour},
+	{name: "OutageGraceDoesNotMendBadLimits", maxRuntime: "60 minutes", stall: "5 minutes", runtime: 2 * time.Hour, idle: time.Hour,
+		grace: true, outageAgo: time.Minute, want: reaper.SkipBadLimits},
+	{name: "OutageGraceOnANullStartTime", maxRuntime: "30 minutes", noStart: true, idle: time.Hour,
+		grace: true, outageAgo: time.Minute, want: reaper.SkipNoStartTime},
 }
 
 // TestDecideAndReapAgreeOnBoundaries runs every row against the pure
-// Decide and against both SQL forms of jobs.StallPredicate, the reap UPDATE
-// and the set-based ListLostCandidates, inside one transaction, whose now()
-// does not move, so all see the same clock to the microsecond. All must
-// give the row's answer.
+// Decide and against every SQL form of jobs.StallPredicate, the reap
+// UPDATE, the set-based ListLostCandidates and StalledWithoutQueue, inside
+// one transaction, whose now() does not move, so all see the same clock to
+// the microsecond. All must give the row's answer.
 func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
@@ -104,30 +136,52 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			rule := baselineRule
+			if tc.grace {
+				rule.OutageEnd = now.Add(-tc.outageAgo)
+			}
 			var snap *jobs.Snapshot
 			if s, err := store.Get(ctx, id); err == nil {
 				snap = &s
 			} else {
 				t.Fatal(err)
 			}
-			v := reaper.Decide(snap, now, baselineRule)
+			v := reaper.Decide(snap, now, rule)
 			if v.Reap != (tc.want == "") || v.Skip != tc.want {
 				t.Errorf("Decide = reap %v skip %q; want skip %q (runtime %v idle %v)", v.Reap, v.Skip, tc.want, v.Runtime, v.Idle)
 			}
-			lost, err := store.ListLostCandidates(ctx, jobs.LostCandidatesParams{Queues: []string{"boundary"}, Rule: baselineRule})
+			lost, err := store.ListLostCandidates(ctx, jobs.LostCandidatesParams{Queues: []string{"boundary"}, Rule: rule})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if found := len(lost) == 1 && lost[0].ID == id; found != (tc.want == "") {
 				t.Errorf("set-based ListLostCandidates found the job: %v; Decide says %q", found, tc.want)
 			}
-			reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: snap.Generation,
-				UpdatedAt: snap.UpdatedAt, Reason: jobs.ReasonStalled, Rule: baselineRule})
+			if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = NULL WHERE id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+			noQueue, err := store.StalledWithoutQueue(ctx, rule, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if found := len(noQueue) == 1 && noQueue[0] == id; found != (tc.want == "") {
+				t.Errorf("StalledWithoutQueue found the job: %v; Decide says %q", found, tc.want)
+			}
+			if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = 'boundary' WHERE id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+			reaped, ev, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: snap.Generation,
+				UpdatedAt: snap.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if reaped != (tc.want == "") {
 				t.Errorf("reap UPDATE reaped = %v; Decide says %q", reaped, tc.want)
+			}
+			// The evidence names the outage end it counted idle time from.
+			if wantEnd := tc.grace && reaped && rule.OutageEnd.After(snap.UpdatedAt); (ev.OutageEnd != nil) != wantEnd ||
+				wantEnd && !ev.OutageEnd.Equal(rule.OutageEnd) {
+				t.Errorf("evidence outage end %v, want %v (%v)", ev.OutageEnd, wantEnd, rule.OutageEnd)
 			}
 			var status string
 			if err := tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1`, id).Scan(&status); err != nil {

@@ -28,6 +28,7 @@ func daemonSettings(t *testing.T, queues []string, redisURL string) reaper.Setti
 	s.StaleQueuedAfter = time.Hour.String()
 	s.StaleQueuedLookupsPerPass = 1000
 	s.CancelOnReap = true
+	s.OutageGrace = true
 	return s
 }
 
@@ -73,8 +74,8 @@ func TestCase_B31_AReplicaReadingAnotherRedisDatabaseReportsDrift(t *testing.T) 
 
 // TestCase_B31_EverySettingThatDecidesWhatTheLeaderDoesIsCompared: a
 // replica that differs from the leader in one of max_lost_per_pass,
-// stale_queued_after, stale_queued_lookups_per_pass or cancel on reap
-// reports drift naming that setting and both values.
+// stale_queued_after, stale_queued_lookups_per_pass, cancel on reap or the
+// outage grace reports drift naming that setting and both values.
 func TestCase_B31_EverySettingThatDecidesWhatTheLeaderDoesIsCompared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -93,6 +94,7 @@ func TestCase_B31_EverySettingThatDecidesWhatTheLeaderDoesIsCompared(t *testing.
 		{func(s *reaper.Settings) { s.StaleQueuedAfter = (2 * time.Hour).String() }, "stale_queued_after: this replica 2h0m0s, the leader 1h0m0s"},
 		{func(s *reaper.Settings) { s.StaleQueuedLookupsPerPass = 50 }, "stale_queued_lookups_per_pass: this replica 50, the leader 1000"},
 		{func(s *reaper.Settings) { s.CancelOnReap = false }, "cancel_on_reap: this replica false, the leader true"},
+		{func(s *reaper.Settings) { s.OutageGrace = false }, "outage_grace: this replica false, the leader true"},
 		{func(s *reaper.Settings) { s.HeartbeatInterval = (2 * time.Minute).String() }, "heartbeat_interval: this replica 2m0s, the leader 5m0s"},
 	} {
 		settings := daemonSettings(t, queues, redisURL)
@@ -255,7 +257,7 @@ func TestSettingsCompare(t *testing.T) {
 	t.Parallel()
 	mine := reaper.Settings{Interval: "1m0s", HeartbeatInterval: "5m0s", DefaultStallTimeout: "15m0s",
 		Queues: []string{"a", "b"}, Cascades: "44136fa355b3678a", Redis: "single 127.0.0.1:6379/9",
-		MaxLostPerPass: 100, StaleQueuedAfter: "1h0m0s", StaleQueuedLookupsPerPass: 1000, CancelOnReap: true}
+		MaxLostPerPass: 100, StaleQueuedAfter: "1h0m0s", StaleQueuedLookupsPerPass: 1000, CancelOnReap: true, OutageGrace: true}
 	own, err := json.Marshal(mine)
 	if err != nil {
 		t.Fatal(err)
@@ -269,11 +271,11 @@ func TestSettingsCompare(t *testing.T) {
 		{"as jsonb prints it, with a setting of a newer version",
 			`{"interval": "1m0s", "heartbeat_interval": "5m0s", "stall_timeout": "15m0s", "queues": ["a", "b"], "cascades": "44136fa355b3678a",
 			  "redis": "single 127.0.0.1:6379/9", "max_lost_per_pass": 100, "stale_queued_after": "1h0m0s",
-			  "stale_queued_lookups_per_pass": 1000, "cancel_on_reap": true, "future_setting": 7}`, nil, nil},
+			  "stale_queued_lookups_per_pass": 1000, "cancel_on_reap": true, "outage_grace": true, "future_setting": 7}`, nil, nil},
 		{"every setting different",
 			`{"interval": "2m0s", "heartbeat_interval": "1m0s", "stall_timeout": "1h0m0s", "queues": ["a"], "cascades": "0000000000000000",
 			  "redis": "sentinel mymaster/9", "max_lost_per_pass": 0, "stale_queued_after": "2h0m0s",
-			  "stale_queued_lookups_per_pass": 10, "cancel_on_reap": false}`,
+			  "stale_queued_lookups_per_pass": 10, "cancel_on_reap": false, "outage_grace": false}`,
 			[]string{
 				"interval: this replica 1m0s, the leader 2m0s",
 				"heartbeat_interval: this replica 5m0s, the leader 1m0s",
@@ -285,13 +287,14 @@ func TestSettingsCompare(t *testing.T) {
 				"stale_queued_after: this replica 1h0m0s, the leader 2h0m0s",
 				"stale_queued_lookups_per_pass: this replica 1000, the leader 10",
 				"cancel_on_reap: this replica true, the leader false",
+				"outage_grace: this replica true, the leader false",
 			}, nil},
 		{"an older leader's record", recordedBeforeTheRedisSetting,
 			[]string{`queues: this replica ["a","b"], the leader ["reports"]`},
-			[]string{"redis", "max_lost_per_pass", "stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap"}},
+			[]string{"redis", "max_lost_per_pass", "stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap", "outage_grace"}},
 		{"an empty record", `{}`, nil,
 			[]string{"interval", "heartbeat_interval", "stall_timeout", "queues", "cascades", "redis", "max_lost_per_pass",
-				"stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap"}},
+				"stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap", "outage_grace"}},
 		{"a value of another JSON type", strings.Replace(string(own), `"max_lost_per_pass":100`, `"max_lost_per_pass":"100"`, 1),
 			[]string{`max_lost_per_pass: this replica 100, the leader "100"`}, nil},
 	} {

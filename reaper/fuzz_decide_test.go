@@ -38,6 +38,11 @@ type decideInput struct {
 	runUs, idleUs      int64
 	defStall, minStall int64 // nanoseconds, made positive
 	defHard            int64 // nanoseconds, made positive
+	// outageSet gives the rule an outage end, outageUs microseconds before
+	// now() (in relative mode: the stall timeout plus a small offset
+	// before it, so that the grace's boundary is hit).
+	outageSet bool
+	outageUs  int64
 }
 
 // The widest runtime and idle time an input may give: started_at and
@@ -55,8 +60,9 @@ var fuzzStatuses = [...]string{jobs.StatusQueued, jobs.StatusProcessing, jobs.St
 // lost-task search (ListLostCandidates) and the reap UPDATE (Reap). The
 // limits are intervals of months, days and microseconds, as an operator
 // can write them (absurdly large ones included); the rule's durations
-// carry nanoseconds, as a configuration can. Neither SQL form may fail
-// for an input the schema accepts.
+// carry nanoseconds, as a configuration can, and may carry an outage end
+// (the outage grace: idle time counted from the later of updated_at and
+// it). Neither SQL form may fail for an input the schema accepts.
 //
 // In relative mode the runtime and idle time are the limits plus a small
 // offset, so that the fuzzer lands on the boundaries (equal, one
@@ -71,39 +77,48 @@ func FuzzDecideMatchesStallPredicate(f *testing.F) {
 	// Seeds: the boundary table's shapes, in relative mode (offset 0 is
 	// the boundary itself) and absolute mode.
 	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		true, int64(0), int64(1), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(0), int64(1), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		true, int64(1), int64(-1), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(-1), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 60*minute, true, int32(0), int32(0), 20*minute, false, int32(0), int32(0), int64(0),
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 60*minute, true, int32(0), int32(0), 11*minute, false, int32(0), int32(0), int64(0),
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 60*minute, true, int32(0), int32(0), 11*minute-1, false, int32(0), int32(0), int64(0),
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), true, int32(0), int32(0), 45*minute,
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), true, int32(0), int32(0), 45*minute+1,
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(1), int64(0), false, int32(0), int32(0), int64(0), true, int32(0), int32(3), int64(0),
-		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(1), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(1), int32(0), int64(0), false, int32(0), int32(0), int64(0), true, int32(2), int32(0), int64(0),
-		true, int64(0), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin)
+		true, int64(0), int64(0), 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(12000), int32(0), int64(0), false, int32(0), int32(0), int64(0), true, int32(24000), int32(0), int64(0),
-		false, 2*hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, 2*hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), true, int32(6000), int32(0), int64(0),
-		false, 31*minute, 20*minute, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, 31*minute, 20*minute, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing|8, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		false, int64(0), hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, int64(0), hour, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing|4, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing|16, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(processing, int32(math.MaxInt32), int32(0), int64(0), true, int32(math.MaxInt32), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
 	f.Add(uint8(0), int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
-		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin)
+		false, hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin, false, int64(0))
+	// The outage grace's boundary: the outage ended exactly the stall
+	// timeout ago (reap), one microsecond later (held), and long before
+	// the last progress (reap).
+	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
+		true, int64(1), int64(600_000), 15*nsMin, 11*nsMin, 24*60*nsMin, true, int64(0))
+	f.Add(processing, int32(0), int32(0), 30*minute, false, int32(0), int32(0), int64(0), false, int32(0), int32(0), int64(0),
+		true, int64(1), int64(600_000), 15*nsMin, 11*nsMin, 24*60*nsMin, true, int64(-1))
+	f.Add(processing, int32(0), int32(0), 60*minute, true, int32(0), int32(0), 20*minute, false, int32(0), int32(0), int64(0),
+		false, 2*hour, hour, 15*nsMin, 11*nsMin, 24*60*nsMin, true, 3*hour)
 
 	db := jobstest.New(f)
 	f.Fuzz(func(t *testing.T, flags uint8,
@@ -111,11 +126,12 @@ func FuzzDecideMatchesStallPredicate(f *testing.F) {
 		stallSet bool, stallMon, stallDay int32, stallUs int64,
 		hardSet bool, hardMon, hardDay int32, hardUs int64,
 		relative bool, runUs, idleUs int64,
-		defStall, minStall, defHard int64) {
+		defStall, minStall, defHard int64, outageSet bool, outageUs int64) {
 		in := decideInput{flags: flags, maxMon: maxMon, maxDay: maxDay, maxUs: maxUs,
 			stallSet: stallSet, stallMon: stallMon, stallDay: stallDay, stallUs: stallUs,
 			hardSet: hardSet, hardMon: hardMon, hardDay: hardDay, hardUs: hardUs,
-			relative: relative, runUs: runUs, idleUs: idleUs, defStall: defStall, minStall: minStall, defHard: defHard}
+			relative: relative, runUs: runUs, idleUs: idleUs, defStall: defStall, minStall: minStall, defHard: defHard,
+			outageSet: outageSet, outageUs: outageUs}
 		checkDecideAgainstSQL(t, db, in)
 	})
 }
@@ -134,6 +150,10 @@ func positive(ns int64) time.Duration {
 
 // wrapSpan folds us into [-spanUs, spanUs].
 func wrapSpan(us int64) int64 { return us % (spanUs + 1) }
+
+// outageSpanUs bounds how far from now() an input's outage end lies, either
+// way: 200 years, within time.Duration's range.
+const outageSpanUs = 200 * 365 * 24 * int64(time.Hour/time.Microsecond)
 
 // intervalUs returns the interval's length in microseconds as PostgreSQL
 // compares it (30-day months, 24-hour days), and false when that does not
@@ -186,6 +206,18 @@ func checkDecideAgainstSQL(t *testing.T, db *jobstest.DB, in decideInput) {
 		}
 		idle = wrapSpan(stall) + in.idleUs%1_000_000
 	}
+	// The outage end's distance before now(): absolute, or the stall
+	// timeout plus a small offset.
+	outageAgo := in.outageUs % (outageSpanUs + 1)
+	if in.relative {
+		stall := rule.DefaultStallTimeout.Microseconds()
+		if in.stallSet {
+			if s, ok := intervalUs(in.stallMon, in.stallDay, in.stallUs); ok {
+				stall = s
+			}
+		}
+		outageAgo = min(stall, outageSpanUs) + in.outageUs%1_000_000
+	}
 
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -226,9 +258,16 @@ VALUES ('J', 'fz', $1, 1, 'fz',
 	if err != nil {
 		t.Fatalf("reading the job back: %v", err)
 	}
+	if in.outageSet {
+		rule.OutageEnd = now.Add(-time.Duration(outageAgo) * time.Microsecond)
+	}
 	v := reaper.Decide(&snap, now, rule)
 	describe := func() string {
-		return "row " + status + " runtime " + strconv.FormatInt(run, 10) + "µs idle " + strconv.FormatInt(idle, 10) + "µs" +
+		outage := "none"
+		if in.outageSet {
+			outage = strconv.FormatInt(outageAgo, 10) + "µs ago"
+		}
+		return "row " + status + " runtime " + strconv.FormatInt(run, 10) + "µs idle " + strconv.FormatInt(idle, 10) + "µs outage end " + outage +
 			"; Decide: " + verdictString(v) + "; rule " + rule.DefaultStallTimeout.String() + "/" + rule.MinStallTimeout.String() + "/" +
 			rule.DefaultHardTimeout.String()
 	}
@@ -240,6 +279,19 @@ VALUES ('J', 'fz', $1, 1, 'fz',
 	foundStalled := len(lost) == 1 && lost[0].Unreadable == ""
 	if foundStalled != v.Reap {
 		t.Errorf("lost-task search finds the job stalled: %v; %s", foundStalled, describe())
+	}
+	if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = NULL WHERE id = 'J'`); err != nil {
+		t.Fatal(err)
+	}
+	noQueue, err := store.StalledWithoutQueue(ctx, rule, 10)
+	if err != nil {
+		t.Fatalf("StalledWithoutQueue failed on an input the schema accepts: %v (%s)", err, describe())
+	}
+	if found := len(noQueue) == 1; found != v.Reap {
+		t.Errorf("StalledWithoutQueue finds the job stalled: %v; %s", found, describe())
+	}
+	if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = 'fz' WHERE id = 'J'`); err != nil {
+		t.Fatal(err)
 	}
 	reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: "J", Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
 		Reason: jobs.ReasonStalled, Rule: rule})

@@ -94,7 +94,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 	defer r.warnHeld(held)
 	for ctx.Err() == nil {
 		cands, err := r.store.ListLostCandidates(ctx, jobs.LostCandidatesParams{
-			Queues: listed, Active: active, Rule: r.opts.Rule, Limit: jobs.LostCandidatesLimitDefault, After: st.cursor,
+			Queues: listed, Active: active, Rule: res.rule, Limit: jobs.LostCandidatesLimitDefault, After: st.cursor,
 		})
 		if err != nil {
 			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
@@ -143,7 +143,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	for _, snap := range cands {
 		// The SQL used the same rule; Decide states it once more on this
 		// pass's clock reading, so a job is never reaped on one side alone.
-		v := Decide(&snap, now, r.opts.Rule)
+		v := Decide(&snap, now, res.rule)
 		if !v.Reap {
 			if v.Skip == SkipBadRow { // the SQL cannot see it: count it here
 				r.decided(res, snap.ID, &snap, v, "")
@@ -278,7 +278,7 @@ func (r *Reaper) warnHeld(held map[string][]string) {
 // countNoQueue counts the stalled PROCESSING rows without a queue whose
 // task is not among the active ones: never reconciled, only counted.
 func (r *Reaper) countNoQueue(ctx context.Context, active []string, res *Result) {
-	ids, err := r.store.StalledWithoutQueue(ctx, r.opts.Rule, noQueueCountMax)
+	ids, err := r.store.StalledWithoutQueue(ctx, res.rule, noQueueCountMax)
 	if err != nil {
 		r.failed(ctx, res, stageLoad, "counting stalled jobs without a queue failed", "err", err)
 		return

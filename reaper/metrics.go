@@ -108,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipBadRow, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound,
-		SkipLostHeld, SkipNoQueue} {
+		SkipLostHeld, SkipNoQueue, SkipOutageGrace} {
 		m.skipped.WithLabelValues(string(reason))
 	}
 	for _, cause := range []string{causeWriteFailed, causeLost} {

@@ -55,11 +55,15 @@ func TestMetricsExistAtZeroBeforeTheirFirstOccurrence(t *testing.T) {
 		"jobreaper_passes_total":       5, // ok, errors, failed, cancelled, panicked
 		"jobreaper_pass_errors_total":  6, // clock, queues, list, load, reap, marker
 		"jobreaper_jobs_reaped_total":  2, // stalled, lost_task
-		"jobreaper_jobs_skipped_total": 15,
+		"jobreaper_jobs_skipped_total": 16,
 	}
 	for name, n := range want {
 		if series[name] != n {
 			t.Errorf("%s has %d series before any pass, want %d", name, series[name], n)
 		}
+	}
+	// The outage grace's holds, watched after every failover.
+	if v := metricValue(t, reg, "jobreaper_jobs_skipped_total", map[string]string{"reason": "outage_grace"}); v != 0 {
+		t.Errorf(`jobreaper_jobs_skipped_total{reason="outage_grace"} = %v before any pass, want 0`, v)
 	}
 }

@@ -24,7 +24,7 @@ const IntervalDefault = time.Minute
 
 // Store is what a pass needs from PostgreSQL; *jobs.Store satisfies it.
 type Store interface {
-	Now(ctx context.Context) (time.Time, error)
+	PassClock(ctx context.Context, p jobs.PassClockParams) (jobs.PassClock, error)
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
 	ReapBatch(ctx context.Context, p jobs.ReapBatchParams) (jobs.ReapBatchResult, error)
 	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
@@ -66,8 +66,18 @@ type Options struct {
 	Queues []string
 	// Interval between daemon passes (default IntervalDefault).
 	Interval time.Duration
-	// Rule is the stall rule's daemon-wide part.
+	// Rule is the stall rule's daemon-wide part. Its OutageEnd is not
+	// read: each pass sets it from its clock reading (OutageGrace).
 	Rule jobs.StallRule
+	// OutageGrace makes idle time never count across a PostgreSQL outage:
+	// each pass reads the last outage end (jobs.Store.PassClock, recording
+	// a new one first when this process saw its connections lost, or
+	// PostgreSQL restarted or was promoted) and a job idle since before it
+	// is held (SkipOutageGrace) until one stall timeout after it. The
+	// daemon sets it from the outage_grace setting (default true); false,
+	// the zero value, turns it off, for tests that backdate rows on a
+	// PostgreSQL that may have started a moment ago.
+	OutageGrace bool
 	// StartJitter is the upper bound of a random delay before the daemon's
 	// first pass, so sidecars started together do not scan together. 0
 	// disables it.
@@ -138,6 +148,8 @@ type Reaper struct {
 	markers Markers
 	opts    Options
 	log     *slog.Logger
+	// recorder names this process in the outage row it records.
+	recorder string
 
 	eviction evictionState
 	reassert reassertState
@@ -171,7 +183,7 @@ func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	return &Reaper{
 		store: store, lister: lister, markers: markers, opts: opts,
 		log:   opts.Logger.With("component", "reaper"),
-		fatal: make(chan error, 1),
+		fatal: make(chan error, 1), recorder: recorder(),
 	}
 }
 
@@ -257,8 +269,9 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	// Redis's eviction policy, at the first pass and hourly; never an
 	// error of the pass.
 	r.checkEviction(ctx)
-	// Step 1: one clock reading, from the database that wrote the timestamps.
-	now, err := r.store.Now(ctx)
+	// Step 1: one clock reading, from the database that wrote the
+	// timestamps, with the last outage end (outage.go).
+	now, err := r.readClock(ctx, &res)
 	if err != nil {
 		r.opts.Metrics.errorAt(stageClock)
 		return res, fmt.Errorf("%w: reading the database clock: %w", ErrPassFailed, err)
@@ -303,6 +316,7 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	r.reapLost(ctx, listed, ids, noLease, live, now, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
+	r.logHeld(&res)
 	return res, nil
 }
 

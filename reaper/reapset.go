@@ -30,7 +30,7 @@ func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, 
 		if s, ok := snaps[id]; ok {
 			snap = &s
 		}
-		v := Decide(snap, now, r.opts.Rule)
+		v := Decide(snap, now, res.rule)
 		r.decided(res, id, snap, v, jobs.ReasonStalled)
 		if !v.Reap {
 			res.skip(v.Skip, 1)
@@ -78,7 +78,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 			cands[i] = jobs.ReapCandidate{JobID: sn.ID, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}
 			queues[sn.ID] = sn.Queue
 		}
-		out, err := r.store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: cands, Reason: reason, Rule: r.opts.Rule})
+		out, err := r.store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule})
 		for _, f := range out.Failed {
 			r.failed(ctx, res, stageReap, "reap failed for one job (its on_failed cascade); the rest of its batch went on, this job is retried next pass",
 				"job_id", f.JobID, "err", f.Err)

@@ -84,6 +84,9 @@ type Result struct {
 	// reapedSeries counts reaped jobs by reason, type and queue, for
 	// jobreaper_jobs_reaped_total.
 	reapedSeries map[reapSeries]int
+	// rule is the stall rule the pass judges by: Options.Rule with the
+	// outage end of the pass's clock reading.
+	rule jobs.StallRule
 	// decided indexes Decisions by job ID.
 	decided map[string]int
 }

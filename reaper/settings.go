@@ -44,6 +44,8 @@ type Settings struct {
 	StaleQueuedLookupsPerPass int `json:"stale_queued_lookups_per_pass"`
 	// CancelOnReap is --cancel-on-reap.
 	CancelOnReap bool `json:"cancel_on_reap"`
+	// OutageGrace is outage_grace.
+	OutageGrace bool `json:"outage_grace"`
 }
 
 // NewSettings returns the Settings of a daemon's scan: durations as Go

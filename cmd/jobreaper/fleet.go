@@ -108,6 +108,7 @@ func (m runMode) settings(cfg config.Config) (reaper.Settings, error) {
 	s.StaleQueuedAfter = cfg.StaleQueuedAfter.String()
 	s.StaleQueuedLookupsPerPass = cfg.StaleQueuedLookupsPerPass
 	s.CancelOnReap = m.cancelOnReap
+	s.OutageGrace = cfg.OutageGraceOn()
 	return s, nil
 }
 

@@ -87,6 +87,7 @@ var badCLICases = []badCLICase{
 	{"PageSizeAbsurdlyLarge", onDB("run", "--page-size", "99999999999999999999"), exitCannotRun, []string{"--page-size"}},
 	{"MaxLostPerPassNegative", onDB("run", "--max-lost-per-pass", "-1"), exitCannotRun, []string{"max_lost_per_pass -1 is negative"}},
 	{"StaleQueuedLookupsZero", onDB("run", "--stale-queued-lookups-per-pass", "0"), exitCannotRun, []string{"stale_queued_lookups_per_pass 0 is below 1"}},
+	{"OutageGraceNotABoolean", onDB("run", "--outage-grace=sometimes"), exitCannotRun, []string{"--outage-grace"}},
 	// The daemon's rule only: run --once never reads the window.
 	{"MarkerWindowBelowIntervalForTheDaemon", func(db *jobstest.DB, _ string) []string {
 		return []string{"run", "--database-url", db.URL, "--schema", db.Schema, "--redis-url", redisTestURL(), "--marker-check-window", "1s"}

@@ -134,6 +134,24 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		}
 	})
 
+	t.Run("ReaperRoleReadsAndRecordsTheOutageEnd", func(t *testing.T) {
+		pool, err := jobs.Connect(ctx, roleURL(t, db, reaperRole), db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		store := jobs.NewStore(pool, jobs.WithSchema(db.Schema))
+		p := jobs.PassClockParams{Grace: true, Record: true, RecordedBy: "roles:1"}
+		if c, err := store.PassClock(ctx, p); err != nil || c.Cause != "first_record" || c.TimelineRefused {
+			t.Fatalf("the first pass's clock as the reaper role: %+v, %v", c, err)
+		}
+		// A restart since: the record is updated in place.
+		db.Exec(t, `UPDATE `+s+`.reaper_outages SET postmaster_start = postmaster_start - interval '1 day'`)
+		if c, err := store.PassClock(ctx, p); err != nil || c.Cause != "restart" {
+			t.Fatalf("recording a restart as the reaper role: %+v, %v", c, err)
+		}
+	})
+
 	t.Run("ReaperRoleTakesChecksAndReleasesItsLeaderLease", func(t *testing.T) {
 		pool, err := jobs.Connect(ctx, roleURL(t, db, reaperRole), db.Schema)
 		if err != nil {

@@ -140,7 +140,10 @@ type deps struct {
 // connect opens PostgreSQL and Redis and builds the reaper. Every failure
 // is an exit-2 error naming the server and what to check.
 func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runMode) (*deps, error) {
-	pool, err := connectMigrated(ctx, cfg)
+	// Every statement of the pool, the pass's, the leader lease's and the
+	// readiness check's, tells the outage grace when connections were lost.
+	watch := jobs.NewConnWatch(cfg.OpTimeout)
+	pool, err := connectMigrated(ctx, cfg, watch.Install)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +168,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 	}
 	leader := mode.leader(cfg, log)
 	store := jobs.NewStore(pool, append(leader.storeOptions(),
-		jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades))...)
+		jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades), jobs.WithConnWatch(watch))...)
 	// A misspelt table in a cascade fails here, not at the first reap, and
 	// so does a statement that would end the reap's transaction (ROLLBACK).
 	if err := store.PrepareCascades(ctx); err != nil {
@@ -181,6 +184,8 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		Metrics:  mode.metrics,
 		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
 		DryRun:   mode.dryRun,
+
+		OutageGrace: cfg.OutageGraceOn(),
 
 		MarkerCheckWindow: cfg.MarkerCheckWindow,
 		MaxLostPerPass:    cfg.MaxLostPerPass,

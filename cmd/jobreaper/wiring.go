@@ -93,10 +93,12 @@ func durationAsString(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// connectPostgres opens the pool to cfg's database and schema. Errors name
-// the database with its password redacted and say what to check.
-func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
-	pool, err := jobs.Connect(ctx, cfg.DatabaseURL, cfg.Schema)
+// connectPostgres opens the pool to cfg's database and schema, each of
+// configure adjusting the pool's configuration first (the daemon's
+// jobs.ConnWatch). Errors name the database with its password redacted and
+// say what to check.
+func connectPostgres(ctx context.Context, cfg config.Config, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	pool, err := jobs.Connect(ctx, cfg.DatabaseURL, cfg.Schema, configure...)
 	if err != nil {
 		// jobs.Connect names the database with its password redacted;
 		// scrub once more in case a driver message quoted it.
@@ -118,8 +120,8 @@ func connectPostgres(ctx context.Context, cfg config.Config) (*pgxpool.Pool, err
 // connectMigrated opens the pool (connectPostgres) and checks its schema
 // (requireMigrated), closing the pool when the check fails: what every
 // command that runs jobreaper's statements starts with.
-func connectMigrated(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
-	pool, err := connectPostgres(ctx, cfg)
+func connectMigrated(ctx context.Context, cfg config.Config, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	pool, err := connectPostgres(ctx, cfg, configure...)
 	if err != nil {
 		return nil, err
 	}

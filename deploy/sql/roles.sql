@@ -65,6 +65,10 @@ GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
 -- SHARE, which needs UPDATE too), release it on a clean exit (DELETE of its
 -- own row).
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".leader_leases TO :"reaper_role";
+-- The outage grace: every pass reads the last outage end and records a new
+-- one (INSERT ... ON CONFLICT DO UPDATE) after a restart, a failover or lost
+-- connections.
+GRANT SELECT, INSERT, UPDATE ON :"schema".reaper_outages TO :"reaper_role";
 
 -- Worker -----------------------------------------------------------------
 -- Reading the row (the guard, Enqueue, the outcome mapping, late-result

@@ -39,12 +39,24 @@ const (
 )
 
 // Cuttable returns a pool over d's schema (the URL's search_path) that
-// starts open and is closed at cleanup.
-func (d *DB) Cuttable(t testing.TB) *Cuttable {
+// starts open and is closed at cleanup. Each of configure adjusts the
+// pool's configuration first (jobs.ConnWatch.Install: the daemon's
+// tracer).
+func (d *DB) Cuttable(t testing.TB, configure ...func(*pgxpool.Config)) *Cuttable {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(d.URL)
+	return NewCuttable(t, d.URL, configure...)
+}
+
+// NewCuttable is DB.Cuttable for any database URL (a cluster the test
+// started itself).
+func NewCuttable(t testing.TB, url string, configure ...func(*pgxpool.Config)) *Cuttable {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, c := range configure {
+		c(cfg)
 	}
 	c := &Cuttable{conns: map[net.Conn]struct{}{}, restored: make(chan struct{})}
 	close(c.restored)

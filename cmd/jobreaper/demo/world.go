@@ -138,7 +138,7 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	// serve (the demo's worker serves its queue): marker re-assertion and
 	// lost-task reaps are held without one, as the daemon's are.
 	w.reaper = reaper.New(w.store, lister, w.markers, reaper.Options{
-		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper,
+		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper, OutageGrace: w.cfg.OutageGraceOn(),
 		Asynq: queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
 	})
 	hb, err := jobs.NewHeartbeater(w.store, nil, w.cfg.HeartbeatInterval)

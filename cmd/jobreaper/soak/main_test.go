@@ -6,12 +6,19 @@
 package soak
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	// The soak is no outage scenario: the daemon it runs gets the outage
+	// grace off (see cmd/jobreaper's TestMain), so that a connection the
+	// load refuses never holds its hung jobs for a stall timeout.
+	if err := os.Setenv("JOBREAPER_OUTAGE_GRACE", "false"); err != nil {
+		panic(err)
+	}
 	// The RSS sampler and the daemon's log reader end before the test
 	// does; the worker processes close their pools, clients and server.
 	goleak.VerifyTestMain(m)
