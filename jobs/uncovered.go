@@ -29,19 +29,20 @@ type LeaderLeaseRow struct {
 // with the database clock of that statement, so that which leases are
 // live is judged on the database's clock.
 type LeaderLeases struct {
-	// Rows are every leader lease row, live or expired, in no particular
-	// order.
+	// Rows are every leader lease row, live or expired, in key order
+	// (the database's collation; the check sorts again in byte order).
 	Rows []LeaderLeaseRow
 	// Now is the database's now() of the read.
 	Now time.Time
 }
 
 // leaderLeasesSQL reads every leader lease row and the database clock in
-// one row (also when the table is empty). The table holds one row per
-// queue set ever led, a handful.
+// one row (also when the table is empty): three arrays aggregated in the
+// same order. The table holds one row per queue set ever led, a handful.
 const leaderLeasesSQL = `
 SELECT now(),
-       coalesce(array_agg(key), '{}'), coalesce(array_agg(holder_id), '{}'), coalesce(array_agg(expires_at), '{}')
+       coalesce(array_agg(key ORDER BY key), '{}'), coalesce(array_agg(holder_id ORDER BY key), '{}'),
+       coalesce(array_agg(expires_at ORDER BY key), '{}')
   FROM {schema}.leader_leases`
 
 // ListLeaderLeases returns every leader lease row and the database clock,
