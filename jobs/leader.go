@@ -55,7 +55,8 @@ func (h LeaderLeaseHolder) String() string {
 // the names sorted and without duplicates, as a JSON array; "[]" when
 // queues is empty (every queue). Daemons configured with the same set, in
 // any order, share one leader lease; pools configured for different sets
-// each elect their own leader, so no queue is left unscanned.
+// each elect their own leader, so each set is scanned (a queue that no
+// set names is not; the first leader reports such queues).
 func LeaderLeaseKey(queues []string) string {
 	set := slices.Clone(queues)
 	slices.Sort(set)

@@ -134,6 +134,9 @@ func (r *Reaper) daemonPass(ctx context.Context) (panicked bool) {
 			return true
 		}
 		if !held {
+			// A follower makes no uncovered-queue check: what it
+			// reported as a leader is no longer its to report.
+			r.forgetUncovered()
 			return false
 		}
 	}

@@ -36,6 +36,7 @@ type Store interface {
 	ProcessingQueues(ctx context.Context) ([]string, error)
 	StalledWithoutQueue(ctx context.Context, rule jobs.StallRule, limit int) ([]string, error)
 	ListStaleQueued(ctx context.Context, p jobs.StaleQueuedParams) ([]jobs.StaleQueued, error)
+	UncoveredStore
 }
 
 // Lister lists active tasks and looks single tasks up;
@@ -93,8 +94,11 @@ type Options struct {
 	Eviction EvictionChecker
 	// LeaderLease, when set, makes the daemon loop (Start) run passes only
 	// while this replica holds it; the Store's reap transactions must then
-	// check it too (jobs.WithLeaderLease). RunOnce ignores it: a manual
-	// pass neither takes, waits for, nor checks it.
+	// check it too (jobs.WithLeaderLease). RunOnce neither takes, waits
+	// for, nor checks it; a pass reads its key and holder only to know
+	// whether this replica makes the uncovered-queue check (its key sorts
+	// first among the live leader leases). Without it, a pass makes that
+	// check only with Once (run --once).
 	LeaderLease *LeaderLease
 	// DryRun makes passes write nothing (no UPDATE, event, marker,
 	// cascade or cancel, no marker repair) and record every decision in
@@ -156,6 +160,9 @@ type Reaper struct {
 	lost     lostState
 	stale    staleState
 	badNames badQueueNames
+
+	// uncovered is what the last uncovered-queue check reported.
+	uncovered uncoveredState
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -277,11 +284,15 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("%w: reading the database clock: %w", ErrPassFailed, err)
 	}
 	queues := r.opts.Queues
+	// asynq's queue list when the pass read it, for the uncovered-queue
+	// check.
+	var known []string
 	if len(queues) == 0 {
 		if queues, err = r.lister.Queues(ctx); err != nil {
 			r.opts.Metrics.errorAt(stageQueues)
 			return res, fmt.Errorf("%w: listing asynq queues: %w", ErrPassFailed, err)
 		}
+		known = queues
 		// And the queues PROCESSING rows name, which asynq may have
 		// forgotten (its data lost): their jobs must not stay PROCESSING
 		// unseen.
@@ -316,6 +327,9 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	r.reapLost(ctx, listed, ids, noLease, live, now, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
+	// Queues asynq knows that no live leader lease's queue set covers,
+	// with stalled jobs: reported by one leader (and run --once).
+	r.checkUncovered(ctx, known, &res)
 	r.logHeld(&res)
 	return res, nil
 }

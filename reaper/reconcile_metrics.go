@@ -14,6 +14,7 @@ type reconcileMetrics struct {
 	staleQueued      *prometheus.GaugeVec
 	brokenActive     *prometheus.GaugeVec
 	lostLimitTripped prometheus.Counter
+	uncovered        *prometheus.GaugeVec
 
 	mu    sync.Mutex
 	known map[*prometheus.GaugeVec]map[string]bool
@@ -37,8 +38,12 @@ func newReconcileMetrics(reg prometheus.Registerer) *reconcileMetrics {
 			Name: "jobreaper_lost_limit_tripped_total",
 			Help: "Cycles over the lost-task candidates that reaped none because more than max_lost_per_pass jobs would have been reaped as lost_task (Redis flushed or restored?).",
 		}),
+		uncovered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "jobreaper_uncovered_processing_jobs",
+			Help: "Stalled PROCESSING jobs in queues asynq knows that no live leader lease's queue set covers (no daemon scans them), by queue, as of this replica's last uncovered-queue check; only the leader whose queue set sorts first makes it. A queue covered again, or without stalled jobs, is 0.",
+		}, []string{"queue"}),
 	}
-	reg.MustRegister(m.evictionUnsafe, m.staleQueued, m.brokenActive, m.lostLimitTripped)
+	reg.MustRegister(m.evictionUnsafe, m.staleQueued, m.brokenActive, m.lostLimitTripped, m.uncovered)
 	return m
 }
 
@@ -73,6 +78,20 @@ func (m *Metrics) brokenActiveCounts(counts map[string]int) {
 	for q, n := range counts {
 		m.reconcile.brokenActive.WithLabelValues(q).Set(float64(n))
 	}
+}
+
+// uncoveredCounts replaces jobreaper_uncovered_processing_jobs with
+// counts: queues not in counts drop to 0 rather than disappearing, so an
+// alert sees them recover.
+func (m *Metrics) uncoveredCounts(counts map[string]int) {
+	if m == nil {
+		return
+	}
+	labelled := make(map[string]int, len(counts))
+	for q, n := range counts {
+		labelled[labelValue(q)] += n
+	}
+	m.reconcile.setAll(m.reconcile.uncovered, labelled)
 }
 
 func (m *Metrics) lostLimitTrip() {

@@ -78,6 +78,14 @@ type Result struct {
 	// enough to a queue asynq knows in that Redis to be a typo, that
 	// queue (Options.Suggest).
 	QueueSuggestions map[string]string `json:"queues_did_you_mean"`
+	// UncoveredQueues counts, for each queue asynq knows that no live
+	// leader lease's queue set covers (nor, in run --once, the queues of
+	// the run), its PROCESSING jobs stalled by the stall rule: no daemon
+	// scans them. Only queues with such jobs are named; empty when none,
+	// or when this pass made no uncovered-queue check (a daemon whose
+	// queue set does not sort first among the live leader leases, or
+	// that runs without one).
+	UncoveredQueues map[string]int `json:"uncovered_queues"`
 	// Decisions are a dry run's decisions, one per job looked at; nil in a
 	// real pass.
 	Decisions []Decision `json:"-"`

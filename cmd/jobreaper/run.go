@@ -63,11 +63,13 @@ With --output json, stdout is exactly one JSON document: the summary
 {"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
 "lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
 "interrupted":false,"panicked":false,"queues_not_found":[...],"scanned_by":{...},
-"bad_queue_names":N,"markers_held":N,"queues_did_you_mean":{...}} (interrupted: a
+"bad_queue_names":N,"markers_held":N,"queues_did_you_mean":{...},"uncovered_queues":{...}} (interrupted: a
 signal stopped the pass before its end, exit 1; panicked: the pass ended at
 a panic, exit 1; scanned_by: every scanned active task by outcome, adding up
 to scanned; bad_queue_names: queue names no PostgreSQL text or metric label
-can hold, skipped), or, when the command could not run once its flags were
+can hold, skipped; uncovered_queues: queues asynq knows with stalled jobs that
+neither a live leader lease's queue set nor this run's --queues covers, each
+with its count), or, when the command could not run once its flags were
 read (exit 2), {"error":"<message>"} with the message also on stderr.
 --output applies to --once only.
 Logs always go to stderr.`,
@@ -355,6 +357,9 @@ func forScripts(res reaper.Result) reaper.Result {
 	if res.QueueSuggestions == nil {
 		res.QueueSuggestions = map[string]string{}
 	}
+	if res.UncoveredQueues == nil {
+		res.UncoveredQueues = map[string]int{}
+	}
 	res.ReapedBy = maps.Clone(res.ReapedBy)
 	if res.ReapedBy == nil {
 		res.ReapedBy = map[string]int{}
@@ -409,6 +414,14 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 		}
 		line += fmt.Sprintf(", queues not known to asynq %s (treated as empty: a typo, or the wrong Redis database?)",
 			strings.Join(names, " "))
+	}
+	if len(res.UncoveredQueues) > 0 {
+		var pairs []string
+		for _, q := range slices.Sorted(maps.Keys(res.UncoveredQueues)) {
+			pairs = append(pairs, fmt.Sprintf("%s %d", q, res.UncoveredQueues[q]))
+		}
+		line += fmt.Sprintf(", uncovered_queues %s (stalled PROCESSING jobs in queues that no live leader lease's queue set "+
+			"nor this run covers: no daemon scans them; see the log)", strings.Join(pairs, " "))
 	}
 	if res.BadQueueNames > 0 {
 		line += fmt.Sprintf(", bad_queue_names %d (skipped: no PostgreSQL text or metric label can hold them; see the log)", res.BadQueueNames)
