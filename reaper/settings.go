@@ -44,6 +44,13 @@ type Settings struct {
 	StaleQueuedLookupsPerPass int `json:"stale_queued_lookups_per_pass"`
 	// CancelOnReap is --cancel-on-reap.
 	CancelOnReap bool `json:"cancel_on_reap"`
+	// MaxStalledPerPass is max_stalled_per_pass (0: no limit).
+	MaxStalledPerPass int `json:"max_stalled_per_pass"`
+	// MaxStalledFraction is max_stalled_fraction (0: no limit).
+	MaxStalledFraction float64 `json:"max_stalled_fraction"`
+	// StallStormHold is stall_storm_hold, as a Go duration ("0s": the
+	// longest stall timeout among the held jobs' types).
+	StallStormHold string `json:"stall_storm_hold"`
 }
 
 // NewSettings returns the Settings of a daemon's scan: durations as Go

@@ -108,6 +108,9 @@ func (m runMode) settings(cfg config.Config) (reaper.Settings, error) {
 	s.StaleQueuedAfter = cfg.StaleQueuedAfter.String()
 	s.StaleQueuedLookupsPerPass = cfg.StaleQueuedLookupsPerPass
 	s.CancelOnReap = m.cancelOnReap
+	s.MaxStalledPerPass = cfg.MaxStalledPerPass
+	s.MaxStalledFraction = cfg.MaxStalledFraction
+	s.StallStormHold = cfg.StallStormHold.String()
 	return s, nil
 }
 
