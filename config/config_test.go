@@ -87,6 +87,8 @@ func TestWithDefaults(t *testing.T) {
 			StaleQueuedLookupsPerPass: 1000,
 			MarkerCheckWindow:         time.Hour,
 			MaxLostPerPass:            100,
+			MaxStalledPerPass:         100,
+			MaxStalledFraction:        0.5,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)

@@ -42,9 +42,12 @@ func requireDenied(t *testing.T, conn *pgx.Conn, sql string) {
 }
 
 // deploy/sql/roles.sql grants each role what it needs and nothing more: a
-// full reaping pass with a cascade runs as the reaper role, a worker's
-// claim, heartbeat, advance and complete (with its cascade) run as the
-// worker role, and neither can write what it does not own.
+// full reaping pass with a cascade runs as the reaper role, and so does a
+// pass that records a stall-storm hold and the pass that drains it; a
+// worker's claim, heartbeat, advance and complete (with its cascade) run
+// as the worker role; the operator role (optional: the file runs without
+// it too) ends a hold with release-hold; none can write what it does not
+// own.
 func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("psql"); err != nil {
@@ -53,10 +56,10 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 	ctx := t.Context()
 	db := jobstest.New(t)
 	suffix := strings.TrimPrefix(unique(""), "-")
-	reaperRole, workerRole := "jr_reaper_"+suffix, "jr_worker_"+suffix
+	reaperRole, workerRole, operatorRole := "jr_reaper_"+suffix, "jr_worker_"+suffix, "jr_operator_"+suffix
 	t.Cleanup(func() {
 		ctx := context.WithoutCancel(t.Context())
-		for _, r := range []string{reaperRole, workerRole} {
+		for _, r := range []string{reaperRole, workerRole, operatorRole} {
 			id := pgx.Identifier{r}.Sanitize()
 			if _, err := db.Pool.Exec(ctx, `SELECT 1 FROM pg_roles WHERE rolname = $1`, r); err != nil {
 				continue
@@ -65,11 +68,19 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			_, _ = db.Pool.Exec(ctx, "DROP ROLE IF EXISTS "+id)
 		}
 	})
-	psql := exec.CommandContext(ctx, "psql", jobstest.DatabaseURL(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
-		"-v", "schema="+db.Schema, "-v", "reaper_role="+reaperRole, "-v", "worker_role="+workerRole,
-		"-f", "../../deploy/sql/roles.sql")
-	if out, err := psql.CombinedOutput(); err != nil {
-		t.Fatalf("psql -f deploy/sql/roles.sql: %v\n%s", err, out)
+	// As the README shows it, without an operator role; then again with
+	// one (the file may be run again).
+	for _, extra := range [][]string{nil, {"-v", "operator_role=" + operatorRole}} {
+		args := append([]string{jobstest.DatabaseURL(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+			"-v", "schema=" + db.Schema, "-v", "reaper_role=" + reaperRole, "-v", "worker_role=" + workerRole}, extra...)
+		psql := exec.CommandContext(ctx, "psql", append(args, "-f", "../../deploy/sql/roles.sql")...)
+		if out, err := psql.CombinedOutput(); err != nil {
+			t.Fatalf("psql %v -f deploy/sql/roles.sql: %v\n%s", extra, err, out)
+		}
+		exists := db.Count(t, `SELECT count(*) FROM pg_roles WHERE rolname = $1`, operatorRole)
+		if want := int64(len(extra) / 2); exists != want {
+			t.Fatalf("with %v, %d operator roles exist, want %d", extra, exists, want)
+		}
 	}
 
 	// The product's table and what its cascades add, as roles.sql says.
@@ -117,6 +128,36 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		}
 		if n := db.Events(t, id, "reaped"); n != 1 {
 			t.Fatalf("%d reaped events, want 1", n)
+		}
+	})
+
+	t.Run("ReaperRoleHoldsAStallStormOperatorRoleReleasesIt", func(t *testing.T) {
+		q := unique("roles-storm")
+		ids := stormJobs(t, db, q, "report.export", 12)
+		once := func(as string) result {
+			return run(t, "run", "--once", "--output", "json", "--config", file, "--database-url", roleURL(t, db, as),
+				"--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", q)
+		}
+		r := once(reaperRole)
+		requireExit(t, r, exitPassErrors)
+		if doc := requireOneJSONResult(t, r.stdout); string(doc["stall_storm_held"]) != "12" || string(doc["errors"]) != "0" {
+			t.Fatalf("storm pass as the reaper role: %s, want 12 held and no error", r.stdout)
+		}
+		r = run(t, "release-hold", "--reason", "checked: they hang", "--database-url", roleURL(t, db, operatorRole),
+			"--schema", db.Schema, "--queues", q)
+		requireExit(t, r, exitOK)
+		// (Its exit code may be 1: the marker of the first subtest's job,
+		// deleted at its cleanup, is held, since no asynq server runs.)
+		r = once(reaperRole)
+		if doc := requireOneJSONResult(t, r.stdout); string(doc["reaped"]) != "12" || string(doc["errors"]) != "0" ||
+			string(doc["stall_storm_held"]) != "0" {
+			t.Fatalf("first pass after the release, as the reaper role: %s, want the 12 reaped", r.stdout)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.jobs WHERE id = ANY($1) AND status = 'FAILED'`, ids); n != 12 {
+			t.Fatalf("%d of 12 FAILED", n)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.reaper_holds WHERE released_by IS NOT NULL AND drained_at IS NOT NULL`); n != 1 {
+			t.Fatal("the hold was not released and drained")
 		}
 	})
 
@@ -230,6 +271,9 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			`INSERT INTO ` + s + `.jobs (id, type) VALUES ('x', 'report.export')`,
 			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
 			`CREATE TABLE ` + s + `.intruder (id int)`,
+			// Ending a hold early is an operator's act.
+			`UPDATE ` + s + `.reaper_holds SET released_at = now()`,
+			`DELETE FROM ` + s + `.reaper_holds`,
 		} {
 			if strings.Contains(sql, "WHERE false") {
 				if _, err := reaper.Exec(ctx, sql); err != nil {
@@ -250,6 +294,7 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		defer worker.Close(context.WithoutCancel(ctx))
 		for _, sql := range []string{
 			`UPDATE ` + s + `.videos SET title = 'overwritten'`,
+			`SELECT count(*) FROM ` + s + `.reaper_holds`,
 			`UPDATE ` + s + `.jobs SET marker_set_at = now()`,
 			`UPDATE ` + s + `.jobs SET type = 'other'`,
 			`DELETE FROM ` + s + `.jobs`,
@@ -257,6 +302,22 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
 		} {
 			requireDenied(t, worker, sql)
+		}
+
+		operator, err := pgx.Connect(ctx, roleURL(t, db, operatorRole))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer operator.Close(context.WithoutCancel(ctx))
+		for _, sql := range []string{
+			`UPDATE ` + s + `.reaper_holds SET until = now() + interval '1 year'`,
+			`UPDATE ` + s + `.reaper_holds SET drained_at = NULL`,
+			`INSERT INTO ` + s + `.reaper_holds (queues, types, held, judged, tripped, until) VALUES ('{q}', '{}', 1, 1, 'x', now())`,
+			`DELETE FROM ` + s + `.reaper_holds`,
+			`SELECT count(*) FROM ` + s + `.jobs`,
+			`UPDATE ` + s + `.jobs SET status = 'FAILED'`,
+		} {
+			requireDenied(t, operator, sql)
 		}
 	})
 }

@@ -1,12 +1,14 @@
 -- Least-privilege roles for jobreaper: one for the reaper daemon
 -- (`jobreaper run`), one for the workers that link the library (the start
--- guard, heartbeats, Advance, Complete, Fail, and queue.Enqueue). Run it as
--- the owner of jobreaper's tables (the role that ran `jobreaper migrate`),
--- after migrate, and again after every migrate that adds a table:
+-- guard, heartbeats, Advance, Complete, Fail, and queue.Enqueue), and,
+-- when operator_role is given, one for the operators who end stall-storm
+-- holds (`jobreaper release-hold`). Run it as the owner of jobreaper's
+-- tables (the role that ran `jobreaper migrate`), after migrate, and again
+-- after every migrate that adds a table:
 --
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 \
 --        -v schema=jobreaper -v reaper_role=jobreaper_reaper -v worker_role=app_worker \
---        -f deploy/sql/roles.sql
+--        [-v operator_role=jobreaper_operator] -f deploy/sql/roles.sql
 --
 -- Role names are parameters because roles belong to the whole server, not
 -- to one database: pick names no other database uses for something else.
@@ -61,6 +63,15 @@ GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
 -- SHARE, which needs UPDATE too), release it on a clean exit (DELETE of its
 -- own row).
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".leader_leases TO :"reaper_role";
+-- Stall-storm holds: every pass reads those of its queues, a pass that
+-- would reap too many stalled jobs at once records one (id is a
+-- bigserial), and the first pass after a hold's end records which queues
+-- it reaped (drained). Never the release columns: ending a hold early is
+-- an operator's act.
+GRANT SELECT, INSERT (queues, types, held, judged, tripped, started_at, until),
+      UPDATE (drained, drained_at)
+   ON :"schema".reaper_holds TO :"reaper_role";
+GRANT USAGE ON SEQUENCE :"schema".reaper_holds_id_seq TO :"reaper_role";
 
 -- Worker -----------------------------------------------------------------
 -- Reading the row (the guard, Enqueue, the outcome mapping, late-result
@@ -86,10 +97,23 @@ GRANT INSERT (job_id, token, generation, expected_cursor, count, cursor_after),
       UPDATE (generation, expected_cursor, count, cursor_after, at)
    ON :"schema".job_batches TO :"worker_role";
 
--- The operator commands (inspect, cancel, prune, requeue) are an
--- operator's acts: run them as the owner, or give an operator role what
--- they write (cancel: the reaper's grants plus its cascades; prune: DELETE
--- on job_events and job_batches).
+-- Operator (only with -v operator_role=NAME) ------------------------------
+-- release-hold: its start-up check reads the migration record; it ends
+-- the holds in effect (UPDATE ... WHERE reads queues, until, released_at
+-- and drained_at, and RETURNING reads the row) and records who and why.
+\if :{?operator_role}
+SELECT format('CREATE ROLE %I LOGIN', :'operator_role')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'operator_role')
+\gexec
+GRANT USAGE ON SCHEMA :"schema" TO :"operator_role";
+GRANT SELECT ON :"schema".jobreaper_schema_version TO :"operator_role";
+GRANT SELECT, UPDATE (released_at, released_by, reason) ON :"schema".reaper_holds TO :"operator_role";
+\endif
+
+-- The other operator commands (inspect, cancel, prune, requeue) are an
+-- operator's acts too: run them as the owner, or give the operator role
+-- what they write (cancel: the reaper's grants plus its cascades; prune:
+-- DELETE on job_events and job_batches).
 --
 -- Not granted, on purpose: DELETE on any other table (a product that deletes
 -- job rows needs DELETE on jobs, and the delete trigger then needs INSERT
