@@ -220,3 +220,26 @@ func TestRunOnceDryRunReportsTheHoldItWouldStart(t *testing.T) {
 		t.Fatalf("the dry run recorded %d holds", n)
 	}
 }
+
+// release-hold --help lists its own flags and says what it does and how it
+// exits; it needs no Redis.
+func TestReleaseHoldHelp(t *testing.T) {
+	t.Parallel()
+	r := run(t, "release-hold", "--help")
+	requireExit(t, r, exitOK)
+	for _, want := range []string{"--reason", "--queues", "--output", "--database-url", "--schema",
+		"exits 0 when it released a hold, 1 when no hold was\nin effect", "contacts only PostgreSQL"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("release-hold --help lacks %q", want)
+		}
+	}
+	for _, not := range []string{"--redis-url ", "--once ", "--stall-timeout "} {
+		if strings.Contains(r.stdout, not) {
+			t.Errorf("release-hold --help lists %s, which it does not use", not)
+		}
+	}
+	r = run(t, "--help")
+	if !strings.Contains(r.stdout, "release-hold") {
+		t.Errorf("jobreaper --help does not list release-hold:\n%s", r.stdout)
+	}
+}
