@@ -41,7 +41,10 @@ type holdsOf struct {
 	ended []*jobs.Hold
 }
 
-func classifyHolds(holds []jobs.Hold, now time.Time) holdsOf {
+// classifyHolds sorts holds by how they stand at now for the queues of
+// read (the pass's): the queues each hold in effect holds, and those of
+// read whose first pass after a hold's end this is.
+func classifyHolds(holds []jobs.Hold, read []string, now time.Time) holdsOf {
 	h := holdsOf{on: map[string]*jobs.Hold{}, over: map[string][]int64{}}
 	for i := range holds {
 		hold := &holds[i]
@@ -49,18 +52,26 @@ func classifyHolds(holds []jobs.Hold, now time.Time) holdsOf {
 			for _, q := range hold.Queues {
 				h.on[q] = hold
 			}
-			continue
-		}
-		h.ended = append(h.ended, hold)
-		for _, q := range hold.Queues {
-			if !slices.Contains(hold.Drained, q) {
-				h.over[q] = append(h.over[q], hold.ID)
-			}
 		}
 	}
-	// A queue held by a hold in effect is held, whatever ended before.
-	for q := range h.on {
-		delete(h.over, q)
+	for i := range holds {
+		hold := &holds[i]
+		if hold.InEffect(now) {
+			continue
+		}
+		acts := false
+		for _, q := range hold.Queues {
+			// A queue held by a hold in effect stays held, whatever
+			// ended before; one another replica's pass drained, or that
+			// this pass does not scan, is not this pass's to act on.
+			if _, ours := slices.BinarySearch(read, q); ours && h.on[q] == nil && !slices.Contains(hold.Drained, q) {
+				h.over[q] = append(h.over[q], hold.ID)
+				acts = true
+			}
+		}
+		if acts {
+			h.ended = append(h.ended, hold)
+		}
 	}
 	return h
 }
@@ -95,7 +106,7 @@ func (r *Reaper) reapStalled(ctx context.Context, j *judgement, queues, listed [
 			"stalled", len(j.stalled), "err", err)
 		return
 	}
-	h := classifyHolds(holds, now)
+	h := classifyHolds(holds, read, now)
 	for _, hold := range h.ended {
 		r.logHoldOver(hold)
 	}

@@ -378,3 +378,47 @@ func TestStallStorm_DryRunNeverStartsAHold(t *testing.T) {
 		t.Fatalf("real pass after the hold = %+v, %v; want the 20 reaped", res, err)
 	}
 }
+
+// A hold on two queues that two replicas scan apart ends: the first pass
+// of each reaps its own queue's stalled jobs without the storm check and
+// records only that queue as drained; the first replica's later passes
+// check its queue again (a new storm there is held anew) while the other
+// replica's first pass after the end is still to come, and it still reaps
+// at once. Neither logs the end again once its queue is drained.
+func TestStallStorm_EachQueueSetDrainsItsOwnQueues(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	w := newStormWorld(t)
+	qa, qb := w.queue(t, "split-a"), w.queue(t, "split-b")
+	w.stalled(t, qa, "report.export", "s", 60)
+	w.stalled(t, qb, "report.export", "s", 60)
+	both, _ := w.reaper(t, []string{qa, qb}, stormLimits)
+	if res, err := runOnce(t, ctx, both); err != nil || res.StallStormHeld != 120 || len(w.holds(t)) != 1 {
+		t.Fatalf("storm pass = %+v, %v; want 120 held by one hold", res, err)
+	}
+	w.endHolds(t)
+	ra, _ := w.reaper(t, []string{qa}, stormLimits)
+	rb, _ := w.reaper(t, []string{qb}, stormLimits)
+	w.logs.take()
+	if res, err := runOnce(t, ctx, ra); err != nil || res.Reaped != 60 {
+		t.Fatalf("replica of %s after the hold = %+v, %v; want its 60 reaped at once", qa, res, err)
+	}
+	if h := w.holds(t)[0]; !slices.Equal(h.Drained, []string{qa}) {
+		t.Fatalf("hold = %+v; want only %s drained", h, qa)
+	}
+	// qa is checked again: 101 stalled is a new storm there.
+	w.stalled(t, qa, "report.export", "t", 101)
+	res, err := runOnce(t, ctx, ra)
+	if err != nil || res.Reaped != 0 || res.StallStormHeld != 101 || len(w.holds(t)) != 2 {
+		t.Fatalf("replica of %s, next storm = %+v, %v; want the 101 held by a second hold", qa, res, err)
+	}
+	if lines := w.logs.take(); countLines(lines, "stall-storm hold ended") != 1 {
+		t.Fatalf("want the end logged once by the replica of %s; log:\n%s", qa, strings.Join(lines, "\n"))
+	}
+	if res, err := runOnce(t, ctx, rb); err != nil || res.Reaped != 60 || res.StallStormHeld != 0 {
+		t.Fatalf("replica of %s after the hold = %+v, %v; want its 60 reaped at once", qb, res, err)
+	}
+	if n := w.db.Count(t, `SELECT count(*) FROM reaper_holds WHERE id = $1 AND drained_at IS NOT NULL`, w.holds(t)[0].ID); n != 1 {
+		t.Fatal("the first hold is not drained once both queues were")
+	}
+}
