@@ -166,7 +166,8 @@ func TestReleaseHoldEndsAStallStormHoldAtOnce(t *testing.T) {
 // On run --once, --max-stalled-per-pass 0 on the command line lifts both
 // limits: 30 jobs of 30 stalled (over the fraction) are reaped. A 0 from
 // the file lifts only max_stalled_per_pass, so the fraction still holds
-// them. Neither lifts a hold already recorded.
+// them, and so does a --max-stalled-fraction given beside it. None lifts
+// a hold already recorded.
 func TestRunOnceMaxStalledPerPassZeroLiftsTheLimitsNotAHold(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
@@ -201,6 +202,15 @@ func TestRunOnceMaxStalledPerPassZeroLiftsTheLimitsNotAHold(t *testing.T) {
 	}
 	if n := db.Count(t, `SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = $2`, ids, jobs.StatusFailed); n != 30 {
 		t.Fatalf("%d of 30 FAILED", n)
+	}
+
+	// With --max-stalled-fraction on the same command line, that one
+	// holds.
+	qc := unique("lift")
+	stormJobs(t, db, qc, "report.export", 30)
+	code, sum = once(t, db, qc, "--max-stalled-per-pass", "0", "--max-stalled-fraction", "0.5")
+	if code != exitPassErrors || sum.Reaped != 0 || sum.StallStormHeld != 30 {
+		t.Fatalf("--max-stalled-per-pass 0 --max-stalled-fraction 0.5: exit %d, %+v; want the 30 held", code, sum)
 	}
 }
 

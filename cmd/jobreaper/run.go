@@ -77,8 +77,9 @@ A pass that would reap more than max_stalled_per_pass jobs as stalled, or
 judged, reaps none of them and records a stall-storm hold on their queues
 (run --once may start one; --dry-run only says it would). On run --once,
 --max-stalled-per-pass 0 on the command line lifts both limits for that
-pass (0 from the file or the environment lifts max_stalled_per_pass
-only); a hold already recorded is still honoured: release-hold ends it.`,
+pass, unless --max-stalled-fraction is given there too (0 from the file or
+the environment lifts max_stalled_per_pass only); a hold already recorded
+is still honoured: release-hold ends it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("output") && !once {
@@ -119,7 +120,7 @@ func (a *app) runOnceCmd(cmd *cobra.Command, output string, mode runMode) error 
 		return err
 	}
 	log := newLogger(cfg, a.stderr)
-	if cmd.Flags().Changed("max-stalled-per-pass") && cfg.MaxStalledPerPass == 0 {
+	if cmd.Flags().Changed("max-stalled-per-pass") && cfg.MaxStalledPerPass == 0 && !cmd.Flags().Changed("max-stalled-fraction") {
 		// The operator's way to reap a storm on purpose, as
 		// --max-lost-per-pass 0 is for lost tasks: both limits go.
 		cfg.MaxStalledFraction = 0
