@@ -149,11 +149,18 @@ func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now t
 		queues, types   []string
 		longest         time.Duration
 	)
+	// Queues, types and stall timeouts per kind (a handful), not per job.
+	checked := map[*jobKind]bool{}
+	for _, k := range j.kinds {
+		if q := k.heldQueue(); h.checked(q) {
+			checked[k] = true
+			queues, types = append(queues, q), append(types, k.typ)
+			longest = max(longest, k.stall)
+		}
+	}
 	for _, s := range j.stalled {
-		if q := s.kind.heldQueue(); h.checked(q) {
+		if checked[s.kind] {
 			stalled++
-			queues, types = append(queues, q), append(types, s.kind.typ)
-			longest = max(longest, s.kind.stall)
 		}
 	}
 	for q, n := range j.judged {
