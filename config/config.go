@@ -101,6 +101,23 @@ const (
 	// unreachable, and without the grace a routine failover longer than a
 	// stall timeout would fail every running job.
 	OutageGraceDefault = true
+	// MaxStalledPerPassDefault is the most jobs one pass may reap as
+	// stalled. A pass that would reap more reaps none and holds their
+	// queues for a while (a stall-storm hold): that many active jobs going
+	// idle at once is far likelier their workers losing PostgreSQL than
+	// that many real hangs. 0 means no limit; WithDefaults reads a zero as
+	// unset.
+	MaxStalledPerPassDefault = 100
+	// MaxStalledFractionDefault is the largest share of the active tasks a
+	// pass judged that it may reap as stalled, once they are at least 10
+	// (reaper.StormMinStalled): more than half of the fleet idle at once
+	// is a storm, not a run of bad luck. 0 means no limit; WithDefaults
+	// reads a zero as unset.
+	MaxStalledFractionDefault = 0.5
+	// StallStormHoldDefault, 0, makes a stall-storm hold last the longest
+	// stall timeout among the held jobs' types: a worker that lost
+	// PostgreSQL has its whole stall timeout again to show progress.
+	StallStormHoldDefault time.Duration = 0
 )
 
 // Config is everything the jobreaper daemon and its commands are configured
@@ -155,6 +172,17 @@ type Config struct {
 	// MaxLostPerPass is the most jobs one cycle over the lost-task
 	// candidates may reap as lost_task; 0 means no limit.
 	MaxLostPerPass int `yaml:"max_lost_per_pass" koanf:"max_lost_per_pass"`
+	// MaxStalledPerPass is the most jobs one pass may reap as stalled; a
+	// pass that would reap more reaps none and holds their queues. 0
+	// means no limit.
+	MaxStalledPerPass int `yaml:"max_stalled_per_pass" koanf:"max_stalled_per_pass"`
+	// MaxStalledFraction is the largest share (0 to 1) of the active tasks
+	// a pass judged that it may reap as stalled, once they are 10 or more;
+	// a pass that would reap more holds them likewise. 0 means no limit.
+	MaxStalledFraction float64 `yaml:"max_stalled_fraction" koanf:"max_stalled_fraction"`
+	// StallStormHold is how long a stall-storm hold lasts; 0 means the
+	// longest stall timeout among the held jobs' types.
+	StallStormHold time.Duration `yaml:"stall_storm_hold" koanf:"stall_storm_hold"`
 	// StrictQueues makes run --once refuse to run (exit 2) when a queue of
 	// Queues is not known to asynq in the Redis it reads, rather than warn
 	// and treat it as empty. Off by default: a queue appears in asynq only
@@ -209,6 +237,9 @@ func (c Config) WithDefaults() Config {
 		on := OutageGraceDefault
 		c.OutageGrace = &on
 	}
+	c.MaxStalledPerPass = cmp.Or(c.MaxStalledPerPass, MaxStalledPerPassDefault)
+	c.MaxStalledFraction = cmp.Or(c.MaxStalledFraction, MaxStalledFractionDefault)
+	c.StallStormHold = cmp.Or(c.StallStormHold, StallStormHoldDefault)
 	return c
 }
 

@@ -88,6 +88,8 @@ func TestWithDefaults(t *testing.T) {
 			MarkerCheckWindow:         time.Hour,
 			MaxLostPerPass:            100,
 			OutageGrace:               ptr(true),
+			MaxStalledPerPass:         100,
+			MaxStalledFraction:        0.5,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("defaults:\n got %+v\nwant %+v", got, want)

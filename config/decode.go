@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -93,6 +94,12 @@ func setField(f reflect.Value, s setting, val any) error {
 		default:
 			return bad("is not a whole number")
 		}
+	case float64:
+		n, err := decodeFloat(val)
+		if err != nil {
+			return bad(err.Error())
+		}
+		f.SetFloat(n)
 	case string:
 		x, ok := val.(string)
 		if !ok {
@@ -122,6 +129,34 @@ func setField(f reflect.Value, s setting, val any) error {
 		f.Set(reflect.ValueOf(list))
 	}
 	return nil
+}
+
+// decodeFloat accepts a YAML number (whole or not), a flag's float64, or
+// a string holding a decimal number (the environment's form). NaN and the
+// infinities are refused: no limit compares sensibly with them.
+func decodeFloat(val any) (float64, error) {
+	var n float64
+	switch x := val.(type) {
+	case float64:
+		n = x
+	case int:
+		n = float64(x)
+	case int64:
+		n = float64(x)
+	case uint64:
+		n = float64(x)
+	case string:
+		var err error
+		if n, err = strconv.ParseFloat(strings.TrimSpace(x), 64); err != nil {
+			return 0, errors.New("is not a number (write a decimal such as 0.5)")
+		}
+	default:
+		return 0, errors.New("is not a number (write a decimal such as 0.5)")
+	}
+	if math.IsNaN(n) || math.IsInf(n, 0) {
+		return 0, errors.New("is not a finite number (write a decimal such as 0.5)")
+	}
+	return n, nil
 }
 
 // stringList accepts a YAML list of strings, a flag's []string, or one

@@ -54,6 +54,9 @@ var settings = []setting{
 	{key: "stale_queued_after", usage: "how long a job may stay QUEUED before it is reported as stale when asynq will never run its task (Go duration)"},
 	{key: "marker_check_window", usage: "time within which the daemon re-asserts the marker of every job reaped in the last 7 days, a slice per pass; at least interval (Go duration)"},
 	{key: "max_lost_per_pass", usage: "most jobs one cycle over the lost-task candidates may reap as lost_task; a cycle that would reap more reaps none (Redis lost its data?); 0 means no limit (jobs)"},
+	{key: "max_stalled_per_pass", usage: "most jobs one pass may reap as stalled; a pass that would reap more reaps none and holds their queues for stall_storm_hold (workers cut off from PostgreSQL?); 0 means no limit (jobs)"},
+	{key: "max_stalled_fraction", usage: "largest share of the active tasks a pass judged it may reap as stalled, once they are 10 or more; a pass that would reap more holds them likewise; 0 means no limit (0 to 1)"},
+	{key: "stall_storm_hold", usage: "how long a stall-storm hold lasts; 0s means the longest stall timeout among the held jobs' types (Go duration)"},
 	{key: "stale_queued_lookups_per_pass", usage: "most QUEUED rows one daemon pass looks up in asynq, at least 1 (rows)"},
 	{key: "strict_queues", usage: "run --once refuses to run (exit 2) when a queue of --queues is not known to asynq in that Redis, instead of warning and scanning it as empty"},
 	{key: "outage_grace", usage: "idle time never counts across a PostgreSQL outage: after a restart, a failover or lost connections, no job idle since before it is reaped for one stall timeout; false turns it off"},
@@ -101,6 +104,8 @@ func RegisterFlags(fs *pflag.FlagSet, keys ...string) {
 			fs.Bool(name, v.Bool(), s.usage)
 		case int:
 			fs.Int(name, int(v.Int()), s.usage)
+		case float64:
+			fs.Float64(name, v.Float(), s.usage)
 		case []string:
 			fs.StringSlice(name, nil, s.usage)
 		case string:

@@ -109,6 +109,7 @@ queues: [file-a, file-b]
 			"JOBREAPER_LOG_FORMAT=json", "JOBREAPER_START_JITTER=0s", "JOBREAPER_OP_TIMEOUT=5s",
 			"JOBREAPER_STALE_QUEUED_AFTER=2h", "JOBREAPER_STALE_QUEUED_LOOKUPS_PER_PASS=50",
 			"JOBREAPER_MARKER_CHECK_WINDOW=3h", "JOBREAPER_MAX_LOST_PER_PASS=0", "JOBREAPER_STRICT_QUEUES=true", "JOBREAPER_OUTAGE_GRACE=false",
+			"JOBREAPER_MAX_STALLED_PER_PASS=0", "JOBREAPER_MAX_STALLED_FRACTION=0.25", "JOBREAPER_STALL_STORM_HOLD=30m",
 		}
 		got, err := Load(Sources{Environ: env})
 		if err != nil {
@@ -120,7 +121,7 @@ queues: [file-a, file-b]
 			HeartbeatInterval: 4 * time.Minute, PageSize: 2000, Lister: "inspector",
 			MetricsAddr: ":9999", LogLevel: "debug", LogFormat: "json", StartJitter: 0, OpTimeout: 5 * time.Second,
 			StaleQueuedAfter: 2 * time.Hour, StaleQueuedLookupsPerPass: 50, MarkerCheckWindow: 3 * time.Hour, MaxLostPerPass: 0,
-			StrictQueues: true,
+			StrictQueues: true, MaxStalledPerPass: 0, MaxStalledFraction: 0.25, StallStormHold: 30 * time.Minute,
 			OutageGrace: ptr(false),
 		}
 		if !reflect.DeepEqual(got, want) {
@@ -168,9 +169,11 @@ page_size: lots
 schema: 7
 queues: {a: b}
 strict_queues: yes
+max_stalled_fraction: half
 `)
 		_, err := Load(Sources{File: path})
 		want := []string{
+			`max_stalled_fraction: "half" is not a number (write a decimal such as 0.5)`,
 			`interval: "5 minutes" is not a duration (use Go syntax such as 5m or 90s)`,
 			`stall_timeout: 900 is not a duration (use Go syntax such as 5m or 90s, with a unit)`,
 			`page_size: "lots" is not a whole number`,
@@ -516,5 +519,31 @@ func TestRegisterFlags(t *testing.T) {
 	}
 	if got, err := Load(Sources{Environ: []string{"JOBREAPER_STRICT_QUEUES=true"}, Flags: flags(t, "--strict-queues=false")}); err != nil || got.StrictQueues {
 		t.Errorf("--strict-queues=false over the environment's true: %v, %v; want false", got.StrictQueues, err)
+	}
+	// A float setting reads a decimal from each source, and a whole number
+	// from the file; NaN and the infinities are no limit anyone meant.
+	if f := fs.Lookup("max-stalled-fraction"); f == nil || f.DefValue != "0.5" || f.Value.Type() != "float64" {
+		t.Errorf("--max-stalled-fraction = %+v, want a float flag defaulting to 0.5", f)
+	}
+	for _, src := range []Sources{
+		{Flags: flags(t, "--max-stalled-fraction", "0.25")},
+		{Environ: []string{"JOBREAPER_MAX_STALLED_FRACTION=0.25"}},
+		{File: writeFile(t, "max_stalled_fraction: 0.25\n")},
+	} {
+		if got, err := Load(src); err != nil || got.MaxStalledFraction != 0.25 {
+			t.Errorf("Load(%+v): max_stalled_fraction = %v, %v; want 0.25", src, got.MaxStalledFraction, err)
+		}
+	}
+	if got, err := Load(Sources{File: writeFile(t, "max_stalled_fraction: 1\n")}); err != nil || got.MaxStalledFraction != 1 {
+		t.Errorf("max_stalled_fraction: 1 in the file = %v, %v; want 1", got.MaxStalledFraction, err)
+	}
+	for _, src := range []Sources{
+		{Flags: flags(t, "--max-stalled-fraction", "NaN")},
+		{Environ: []string{"JOBREAPER_MAX_STALLED_FRACTION=+Inf"}},
+		{File: writeFile(t, "max_stalled_fraction: .nan\n")},
+	} {
+		if _, err := Load(src); err == nil || !strings.Contains(err.Error(), "max_stalled_fraction") || !strings.Contains(err.Error(), "is not a finite number") {
+			t.Errorf("Load(%+v) = %v, want max_stalled_fraction refused as not a finite number", src, err)
+		}
 	}
 }

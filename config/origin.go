@@ -147,6 +147,10 @@ var MigrateKeys = []string{"database_url", "schema", "op_timeout", "log_level", 
 var RequeueKeys = []string{"database_url", "redis_url", "redis_ca_file", "redis_tls_server_name", "schema", "op_timeout", "log_level", "log_format",
 	"queues", "stale_queued_after", "cascades"}
 
+// ReleaseHoldKeys are the settings `jobreaper release-hold` uses: like
+// migrate, it contacts only PostgreSQL; queues selects the holds it ends.
+var ReleaseHoldKeys = append(append([]string{}, MigrateKeys...), "queues")
+
 // PruneKeys are the settings `jobreaper prune` uses: like migrate, it
 // contacts only PostgreSQL.
 var PruneKeys = MigrateKeys

@@ -103,6 +103,10 @@ func checkDefault(t *testing.T, key, doc string, def any) {
 		if n, err := strconv.Atoi(doc); err != nil || n != v {
 			t.Errorf("README default of %s is %q, want %d", key, doc, v)
 		}
+	case float64:
+		if f, err := strconv.ParseFloat(doc, 64); err != nil || f != v {
+			t.Errorf("README default of %s is %q, want %g", key, doc, v)
+		}
 	case bool:
 		if b, err := strconv.ParseBool(doc); err != nil || b != v {
 			t.Errorf("README default of %s is %q, want %t", key, doc, v)

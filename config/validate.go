@@ -75,6 +75,15 @@ func (c Config) Validate() error {
 	if c.MaxLostPerPass < 0 {
 		v.addf("max_lost_per_pass", "max_lost_per_pass %d is negative: use 0 for no limit or a positive number of jobs", c.MaxLostPerPass)
 	}
+	if c.MaxStalledPerPass < 0 {
+		v.addf("max_stalled_per_pass", "max_stalled_per_pass %d is negative: use 0 for no limit or a positive number of jobs", c.MaxStalledPerPass)
+	}
+	if !(c.MaxStalledFraction >= 0 && c.MaxStalledFraction <= 1) { // NaN too
+		v.addf("max_stalled_fraction", "max_stalled_fraction %g is not between 0 and 1: it is a share of the active tasks a pass judged (0.5 is half of them; 0 means no limit)", c.MaxStalledFraction)
+	}
+	if c.StallStormHold < 0 {
+		v.addf("stall_storm_hold", "stall_storm_hold %s is negative: use 0s for the longest stall timeout among the held jobs' types, or a positive duration such as 15m", c.StallStormHold)
+	}
 	if c.Interval > 0 && c.MarkerCheckWindow < c.Interval {
 		v.add(&FieldError{Key: "marker_check_window", Related: []string{"interval"},
 			Msg: fmt.Sprintf("marker_check_window %s is below interval %s: the window is covered a slice per pass, so it needs at least one pass", c.MarkerCheckWindow, c.Interval)})

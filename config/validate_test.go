@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -57,6 +58,16 @@ func TestValidate(t *testing.T) {
 			[]string{"start_jitter -1s is negative"}},
 		{"RefusesNegativeMaxLostPerPass", func(c *Config) { c.MaxLostPerPass = -1 }, "max_lost_per_pass",
 			[]string{"max_lost_per_pass -1 is negative"}},
+		{"RefusesNegativeMaxStalledPerPass", func(c *Config) { c.MaxStalledPerPass = -1 }, "max_stalled_per_pass",
+			[]string{"max_stalled_per_pass -1 is negative"}},
+		{"RefusesNegativeMaxStalledFraction", func(c *Config) { c.MaxStalledFraction = -0.1 }, "max_stalled_fraction",
+			[]string{"max_stalled_fraction -0.1 is not between 0 and 1"}},
+		{"RefusesMaxStalledFractionAboveOne", func(c *Config) { c.MaxStalledFraction = 1.5 }, "max_stalled_fraction",
+			[]string{"max_stalled_fraction 1.5 is not between 0 and 1", "share of the active tasks"}},
+		{"RefusesNaNMaxStalledFraction", func(c *Config) { c.MaxStalledFraction = math.NaN() }, "max_stalled_fraction",
+			[]string{"max_stalled_fraction NaN is not between 0 and 1"}},
+		{"RefusesNegativeStallStormHold", func(c *Config) { c.StallStormHold = -time.Minute }, "stall_storm_hold",
+			[]string{"stall_storm_hold -1m0s is negative"}},
 		{"RefusesMarkerCheckWindowBelowInterval", func(c *Config) { c.MarkerCheckWindow = 30 * time.Second }, "marker_check_window",
 			[]string{"marker_check_window 30s is below interval 1m0s"}},
 		{"RefusesStaleQueuedLookupsBelowOne", func(c *Config) { c.StaleQueuedLookupsPerPass = 0 }, "stale_queued_lookups_per_pass",

@@ -56,7 +56,7 @@ func TestStoreQConcurrentFirstCalls(t *testing.T) {
 
 // unqualified matches a statement naming one of jobreaper's tables
 // without {schema}.
-var unqualified = regexp.MustCompile(`\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+(jobs|job_types|job_events|job_batches|job_past_lives|jobreaper_schema_version)\b`)
+var unqualified = regexp.MustCompile(`\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+(jobs|job_types|job_events|job_batches|job_past_lives|jobreaper_schema_version|leader_leases|reaper_holds)\b`)
 
 // TestEveryStatementNamesTheSchema reads this package's source: no SQL
 // text may name jobreaper's tables without {schema}., and every text that

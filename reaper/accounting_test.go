@@ -14,9 +14,11 @@ import (
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
-// failingStore fails the load of any batch naming loadFails and the reap
-// of any batch naming reapFails, as PostgreSQL does when it is cut off in
-// the middle of a pass.
+// failingStore fails the load of any batch naming loadFails, as
+// PostgreSQL does when it is cut off in the middle of a pass, and the reap
+// of reapFails alone, as when its own cascade fails (the reap of a pass
+// spans its load batches, so failing the whole reap batch would take the
+// other stalled job with it).
 type failingStore struct {
 	*jobs.Store
 	loadFails, reapFails string
@@ -30,12 +32,17 @@ func (s *failingStore) LoadForTasks(ctx context.Context, ids []string) (map[stri
 }
 
 func (s *failingStore) ReapBatch(ctx context.Context, p jobs.ReapBatchParams) (jobs.ReapBatchResult, error) {
-	for _, c := range p.Candidates {
+	var failed []jobs.ReapFailure
+	p.Candidates = slices.DeleteFunc(slices.Clone(p.Candidates), func(c jobs.ReapCandidate) bool {
 		if c.JobID == s.reapFails {
-			return jobs.ReapBatchResult{}, errors.New("conn closed")
+			failed = append(failed, jobs.ReapFailure{JobID: c.JobID, Err: errors.New("conn closed")})
+			return true
 		}
-	}
-	return s.Store.ReapBatch(ctx, p)
+		return false
+	})
+	out, err := s.Store.ReapBatch(ctx, p)
+	out.Failed = append(out.Failed, failed...)
+	return out, err
 }
 
 // Every scanned active task lands in exactly one scanned_by reason, also

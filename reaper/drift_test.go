@@ -29,6 +29,9 @@ func daemonSettings(t *testing.T, queues []string, redisURL string) reaper.Setti
 	s.StaleQueuedLookupsPerPass = 1000
 	s.CancelOnReap = true
 	s.OutageGrace = true
+	s.MaxStalledPerPass = 100
+	s.MaxStalledFraction = 0.5
+	s.StallStormHold = time.Duration(0).String()
 	return s
 }
 
@@ -257,7 +260,8 @@ func TestSettingsCompare(t *testing.T) {
 	t.Parallel()
 	mine := reaper.Settings{Interval: "1m0s", HeartbeatInterval: "5m0s", DefaultStallTimeout: "15m0s",
 		Queues: []string{"a", "b"}, Cascades: "44136fa355b3678a", Redis: "single 127.0.0.1:6379/9",
-		MaxLostPerPass: 100, StaleQueuedAfter: "1h0m0s", StaleQueuedLookupsPerPass: 1000, CancelOnReap: true, OutageGrace: true}
+		MaxLostPerPass: 100, StaleQueuedAfter: "1h0m0s", StaleQueuedLookupsPerPass: 1000, CancelOnReap: true, OutageGrace: true,
+		MaxStalledPerPass: 100, MaxStalledFraction: 0.5, StallStormHold: "0s"}
 	own, err := json.Marshal(mine)
 	if err != nil {
 		t.Fatal(err)
@@ -271,11 +275,13 @@ func TestSettingsCompare(t *testing.T) {
 		{"as jsonb prints it, with a setting of a newer version",
 			`{"interval": "1m0s", "heartbeat_interval": "5m0s", "stall_timeout": "15m0s", "queues": ["a", "b"], "cascades": "44136fa355b3678a",
 			  "redis": "single 127.0.0.1:6379/9", "max_lost_per_pass": 100, "stale_queued_after": "1h0m0s",
-			  "stale_queued_lookups_per_pass": 1000, "cancel_on_reap": true, "outage_grace": true, "future_setting": 7}`, nil, nil},
+			  "stale_queued_lookups_per_pass": 1000, "cancel_on_reap": true, "max_stalled_per_pass": 100,
+			  "max_stalled_fraction": 0.50, "stall_storm_hold": "0s", "outage_grace": true, "future_setting": 7}`, nil, nil},
 		{"every setting different",
 			`{"interval": "2m0s", "heartbeat_interval": "1m0s", "stall_timeout": "1h0m0s", "queues": ["a"], "cascades": "0000000000000000",
 			  "redis": "sentinel mymaster/9", "max_lost_per_pass": 0, "stale_queued_after": "2h0m0s",
-			  "stale_queued_lookups_per_pass": 10, "cancel_on_reap": false, "outage_grace": false}`,
+			  "stale_queued_lookups_per_pass": 10, "cancel_on_reap": false, "max_stalled_per_pass": 0,
+			  "max_stalled_fraction": 0.25, "stall_storm_hold": "10m0s", "outage_grace": false}`,
 			[]string{
 				"interval: this replica 1m0s, the leader 2m0s",
 				"heartbeat_interval: this replica 5m0s, the leader 1m0s",
@@ -287,14 +293,19 @@ func TestSettingsCompare(t *testing.T) {
 				"stale_queued_after: this replica 1h0m0s, the leader 2h0m0s",
 				"stale_queued_lookups_per_pass: this replica 1000, the leader 10",
 				"cancel_on_reap: this replica true, the leader false",
+				"max_stalled_per_pass: this replica 100, the leader 0",
+				"max_stalled_fraction: this replica 0.5, the leader 0.25",
+				"stall_storm_hold: this replica 0s, the leader 10m0s",
 				"outage_grace: this replica true, the leader false",
 			}, nil},
 		{"an older leader's record", recordedBeforeTheRedisSetting,
 			[]string{`queues: this replica ["a","b"], the leader ["reports"]`},
-			[]string{"redis", "max_lost_per_pass", "stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap", "outage_grace"}},
+			[]string{"redis", "max_lost_per_pass", "stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap",
+				"max_stalled_per_pass", "max_stalled_fraction", "stall_storm_hold", "outage_grace"}},
 		{"an empty record", `{}`, nil,
 			[]string{"interval", "heartbeat_interval", "stall_timeout", "queues", "cascades", "redis", "max_lost_per_pass",
-				"stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap", "outage_grace"}},
+				"stale_queued_after", "stale_queued_lookups_per_pass", "cancel_on_reap", "max_stalled_per_pass",
+				"max_stalled_fraction", "stall_storm_hold", "outage_grace"}},
 		{"a value of another JSON type", strings.Replace(string(own), `"max_lost_per_pass":100`, `"max_lost_per_pass":"100"`, 1),
 			[]string{`max_lost_per_pass: this replica 100, the leader "100"`}, nil},
 	} {

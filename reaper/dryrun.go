@@ -67,11 +67,11 @@ func (v Verdict) skipped(reason SkipReason) Verdict {
 
 // wouldReap counts, in a dry run, the jobs a real pass would try to reap
 // with reason (their compare-and-set may still find some changed).
-func (r *Reaper) wouldReap(stalled []jobs.Snapshot, reason string, res *Result) {
+func (r *Reaper) wouldReap(stalled []stalledJob, reason string, res *Result) {
 	for _, sn := range stalled {
 		res.Reaped++
 		res.ReapedBy[reason]++
-		res.reapedSeries[reapSeries{reason, labelValue(sn.Type), labelValue(sn.Queue)}]++
+		res.reapedSeries[reapSeries{reason, labelValue(sn.kind.typ), labelValue(sn.kind.queue)}]++
 	}
 }
 

@@ -31,7 +31,7 @@ func newFleetMetrics(reg prometheus.Registerer) *fleetMetrics {
 	m := &fleetMetrics{
 		drift: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jobreaper_settings_drift",
-			Help: "1 while this replica's settings that decide what the leader does (interval, heartbeat interval, stall timeout, queues, cascades, the Redis it reads, max_lost_per_pass, stale QUEUED thresholds, cancel on reap) differ from its leader's; the log names each.",
+			Help: "1 while this replica's settings that decide what the leader does (interval, heartbeat interval, stall timeout, queues, cascades, the Redis it reads, max_lost_per_pass, stale QUEUED thresholds, cancel on reap, the stall-storm limits and hold) differ from its leader's; the log names each.",
 		}),
 		cancels: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jobreaper_cancels_sent_total",

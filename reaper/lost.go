@@ -3,7 +3,6 @@ package reaper
 import (
 	"context"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -109,7 +108,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 			st.cursor = jobs.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 		}
 		if r.opts.MaxLostPerPass <= 0 {
-			r.reapSet(ctx, sortedByID(lost), jobs.ReasonLostTask, res)
+			r.reapSet(ctx, keepAll(lost), jobs.ReasonLostTask, res)
 		} else if !st.over {
 			st.found = append(st.found, lost...)
 			if len(st.found) > r.opts.MaxLostPerPass {
@@ -230,7 +229,7 @@ func (r *Reaper) endCycle(ctx context.Context, live *liveServers, noLease map[st
 	if !ok {
 		return
 	}
-	r.reapSet(ctx, sortedByID(lost), jobs.ReasonLostTask, res)
+	r.reapSet(ctx, keepAll(lost), jobs.ReasonLostTask, res)
 }
 
 // liveServers reads the queues live asynq servers serve (asynq's server
@@ -326,8 +325,3 @@ func (l lookupState) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]
 }
 
 func (lookupState) LiveQueues(context.Context) (map[string]bool, error) { return nil, errNoAsynqState }
-
-func sortedByID(snaps []jobs.Snapshot) []jobs.Snapshot {
-	slices.SortFunc(snaps, func(a, b jobs.Snapshot) int { return strings.Compare(a.ID, b.ID) })
-	return snaps
-}

@@ -20,6 +20,8 @@ type Metrics struct {
 	badQueues     prometheus.Gauge
 	duration      prometheus.Histogram
 	lastSuccess   prometheus.Gauge
+	stallStorms   prometheus.Counter
+	stormHeld     prometheus.Gauge
 	reconcile     *reconcileMetrics
 	fleet         *fleetMetrics
 }
@@ -94,6 +96,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jobreaper_last_success_timestamp_seconds",
 			Help: "Unix time of the last pass that ran to its end without errors; alert when it stops moving.",
 		}),
+		stallStorms: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jobreaper_stall_storms_total",
+			Help: "Stall-storm holds this replica started: passes that would have reaped more stalled jobs than max_stalled_per_pass, or more than max_stalled_fraction of the active tasks they judged, reaped none and held their queues (reaper_holds).",
+		}),
+		stormHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jobreaper_stall_storm_held",
+			Help: "Stalled jobs the last pass did not reap because a stall-storm hold holds their queues (skip reason stall_storm_held).",
+		}),
 	}
 	// Series of every known label value exist from the start at 0, so a
 	// rate() or an alert on them works before the first occurrence.
@@ -108,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipBadRow, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound,
-		SkipLostHeld, SkipNoQueue, SkipOutageGrace} {
+		SkipLostHeld, SkipNoQueue, SkipOutageGrace, SkipStallStormHeld} {
 		m.skipped.WithLabelValues(string(reason))
 	}
 	for _, cause := range []string{causeWriteFailed, causeLost} {
@@ -117,7 +127,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.reconcile = newReconcileMetrics(reg)
 	m.fleet = newFleetMetrics(reg)
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
-		m.queueNotFound, m.badQueues, m.duration, m.lastSuccess)
+		m.queueNotFound, m.badQueues, m.duration, m.lastSuccess, m.stallStorms, m.stormHeld)
 	return m
 }
 
@@ -172,6 +182,7 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 	case outcomeOK:
 		m.lastSuccess.Set(endUnix)
 	}
+	m.stormHeld.Set(float64(res.StallStormHeld))
 	m.scanned.Add(float64(res.Scanned))
 	for reason, n := range res.Skipped {
 		m.skipped.WithLabelValues(reason).Add(float64(n))
@@ -188,5 +199,11 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 func (m *Metrics) CountPanic() {
 	if m != nil {
 		m.passes.WithLabelValues(outcomePanicked).Inc()
+	}
+}
+
+func (m *Metrics) stallStorm() {
+	if m != nil {
+		m.stallStorms.Inc()
 	}
 }

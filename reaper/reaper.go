@@ -37,6 +37,9 @@ type Store interface {
 	StalledWithoutQueue(ctx context.Context, rule jobs.StallRule, limit int) ([]string, error)
 	ListStaleQueued(ctx context.Context, p jobs.StaleQueuedParams) ([]jobs.StaleQueued, error)
 	UncoveredStore
+	OpenHolds(ctx context.Context, queues []string) ([]jobs.Hold, error)
+	StartHold(ctx context.Context, p jobs.StartHoldParams) (jobs.Hold, error)
+	DrainHolds(ctx context.Context, ids []int64, queues []string, now time.Time) error
 }
 
 // Lister lists active tasks and looks single tasks up;
@@ -124,6 +127,20 @@ type Options struct {
 	// candidates may reap as lost_task; a cycle that would reap more reaps
 	// none of them. 0: no limit.
 	MaxLostPerPass int
+	// MaxStalledPerPass is the most jobs one pass may reap as stalled in
+	// the queues no stall-storm hold covers; a pass that would reap more
+	// reaps none of them and records a hold on their queues
+	// (reaper_holds). 0: no limit. A hold already recorded is honoured
+	// whatever the limits.
+	MaxStalledPerPass int
+	// MaxStalledFraction is the largest share of the active tasks a pass
+	// judged in those queues that it may reap as stalled, once they are
+	// StormMinStalled or more; a pass that would reap more holds them
+	// likewise. 0: no limit; at most 1.
+	MaxStalledFraction float64
+	// StallStormHold is how long a hold the pass records lasts; 0: the
+	// longest stall timeout among the held jobs' types.
+	StallStormHold time.Duration
 	// StaleQueuedAfter is how long a job must have been QUEUED before it
 	// is reported as stale when asynq will never run its task (default
 	// StaleQueuedAfterDefault).
@@ -201,9 +218,11 @@ var ErrPassFailed = errors.New("reaper pass could not run")
 
 // RunOnce runs one pass: one database clock reading, the active tasks of
 // every queue (their IDs are the one list a pass holds in full) and, batch
-// by batch as they are listed, their rows and limits, a decision per job,
-// one set-based reap per batch of stalled jobs and their markers in one
-// pipeline; then the lost-task search, and the summary. It
+// by batch as they are listed, their rows and limits and a decision per
+// job; once every task is judged, the stall-storm holds of its queues and
+// check (reapStalled), one set-based reap per batch of stalled jobs and
+// their markers in one pipeline; then the lost-task search, and the
+// summary. It
 // returns the pass's Result, and an error wrapping ErrPassFailed only when
 // the pass could not run at all; failures inside the pass (a queue that
 // fails to list, a reap or marker write that fails) are counted in
@@ -244,6 +263,8 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 		r.log.Warn("pass finished with errors", attrs...)
 	case r.opts.DryRun:
 		r.log.Info("dry run finished; nothing was written (reaped counts what a real pass would try to reap)", attrs...)
+	case res.StallStormHeld > 0:
+		r.log.Info("pass held stalled jobs under a stall-storm hold", append(attrs, "stall_storm_held", res.StallStormHeld)...)
 	case res.Reaped > 0:
 		r.log.Info("pass reaped jobs", attrs...)
 	default:
@@ -319,9 +340,14 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 		r.reassertMarkers(ctx, now, tried, hold, &res)
 		r.warnMarkersHeld(hold, &res)
 	}
-	// Active tasks of every queue; a queue that fails is an error of this
-	// pass and none of its tasks or rows is touched.
-	ids, listed, noLease := r.scanActive(ctx, queues, now, &res)
+	// Active tasks of every queue, judged; a queue that fails is an error
+	// of this pass and none of its tasks or rows is touched.
+	judged := newJudgement()
+	ids, listed, noLease := r.scanActive(ctx, queues, now, &res, judged)
+	// Their stalled jobs, reaped once all are judged: held while a
+	// stall-storm hold holds their queues, or when they are too many at
+	// once.
+	r.reapStalled(ctx, judged, queues, listed, now, &res)
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
 	r.reapLost(ctx, listed, ids, noLease, live, now, &res)

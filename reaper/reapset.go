@@ -9,26 +9,30 @@ import (
 	"github.com/jobreaper/jobreaper/queue"
 )
 
-// reapLoaded loads the rows and limits of batch (active task IDs, sorted,
-// at most Options.LoadBatch), decides on each and reaps the batch's
-// stalled jobs set-based. A batch that fails to load is an error of the
-// pass; the other batches go on.
-func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, debug bool, res *Result) {
+// judgeLoaded loads the rows and limits of batch (active task IDs,
+// sorted, at most Options.LoadBatch) and decides on each, keeping the
+// stalled ones in j: the pass reaps them once every task is judged
+// (reapStalled), so that a stall storm is seen whole. A batch that fails
+// to load is an error of the pass; the other batches go on.
+func (r *Reaper) judgeLoaded(ctx context.Context, batch []string, now time.Time, debug bool, res *Result, j *judgement) {
 	if ctx.Err() != nil {
 		return
 	}
 	snaps, err := r.store.LoadForTasks(ctx, batch)
 	if err != nil {
+		j.loadFailed = true
 		res.scannedAs(ScannedLoadFailed, len(batch))
 		r.failed(ctx, res, stageLoad, "loading a batch of job rows failed; its jobs are not reaped this pass, the other batches go on",
 			"tasks", len(batch), "err", err)
 		return
 	}
-	var stalled []jobs.Snapshot
 	for _, id := range batch {
 		var snap *jobs.Snapshot
 		if s, ok := snaps[id]; ok {
 			snap = &s
+			j.judged[queueOf(snap)]++
+		} else {
+			j.judged[""]++
 		}
 		v := Decide(snap, now, res.rule)
 		r.decided(res, id, snap, v, jobs.ReasonStalled)
@@ -38,9 +42,8 @@ func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, 
 			r.logSkip(id, snap, v, debug)
 			continue
 		}
-		stalled = append(stalled, *snap)
+		j.stalled = append(j.stalled, j.kinds.keep(snap, v))
 	}
-	r.reapSet(ctx, stalled, jobs.ReasonStalled, res)
 }
 
 // reapSet reaps stalled jobs (sorted by ID) with reason, in set-based
@@ -48,8 +51,10 @@ func (r *Reaper) reapLoaded(ctx context.Context, batch []string, now time.Time, 
 // in one pipeline. A batch that fails (a deadlock, PostgreSQL down) is an
 // error of the pass and nothing of it was written: the next pass retries.
 // With reason stalled the jobs are scanned active tasks, and each one's
-// outcome is counted in Result.ScannedBy.
-func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason string, res *Result) {
+// outcome is counted in Result.ScannedBy. It returns true when every batch
+// was tried and committed (or, in a dry run, counted): no batch failed,
+// none was left to a lapsed leader lease or a stop.
+func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason string, res *Result) (complete bool) {
 	scanned := func(outcome string, n int) {
 		if reason == jobs.ReasonStalled {
 			res.scannedAs(outcome, n)
@@ -58,25 +63,26 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 	if r.opts.DryRun {
 		r.wouldReap(stalled, reason, res)
 		scanned(jobs.ReasonStalled, len(stalled))
-		return
+		return true
 	}
+	complete = true
 	for start := 0; start < len(stalled); start += jobs.ReapBatchSize {
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		if l := r.opts.LeaderLease; l != nil && !l.Held() {
 			// By this host's clock the leader lease has lapsed (a pause, a
 			// slow pass): no reap starts until an attempt holds it again.
 			r.log.Warn("leader lease lapsed during the pass; no further reap this pass", "left", len(stalled)-start)
 			scanned(ScannedLeaseLapsed, len(stalled)-start)
-			return
+			return false
 		}
 		batch := stalled[start:min(start+jobs.ReapBatchSize, len(stalled))]
 		cands := make([]jobs.ReapCandidate, len(batch))
 		queues := make(map[string]string, len(batch))
 		for i, sn := range batch {
-			cands[i] = jobs.ReapCandidate{JobID: sn.ID, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}
-			queues[sn.ID] = sn.Queue
+			cands[i] = jobs.ReapCandidate{JobID: sn.id, Generation: sn.generation, UpdatedAt: sn.updatedAt()}
+			queues[sn.id] = sn.kind.queue
 		}
 		out, err := r.store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule})
 		for _, f := range out.Failed {
@@ -84,13 +90,14 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 				"job_id", f.JobID, "err", f.Err)
 		}
 		scanned(ScannedReapFailed, len(out.Failed))
+		complete = complete && len(out.Failed) == 0
 		if errors.Is(err, jobs.ErrLeaderLeaseLost) {
 			// Not an error of the pass: the leader lease moved on, and the
 			// new leader reaps what is still stalled.
 			r.log.Warn("reap rolled back: this replica's leader lease lapsed before COMMIT; nothing of the batch was written",
-				"jobs", len(batch), "first_job_id", batch[0].ID)
+				"jobs", len(batch), "first_job_id", batch[0].id)
 			scanned(ScannedLeaseLapsed, len(stalled)-start-len(out.Failed))
-			return
+			return false
 		}
 		if err != nil {
 			scanned(ScannedReapFailed, len(batch)-len(out.Failed))
@@ -98,7 +105,8 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 			if errors.Is(err, jobs.ErrDeadlock) {
 				msg = "reap of a batch lost a deadlock (an operator cascade locks rows in another order); nothing of it was written, retried next pass"
 			}
-			r.failed(ctx, res, stageReap, msg, "jobs", len(batch), "first_job_id", batch[0].ID, "err", err)
+			r.failed(ctx, res, stageReap, msg, "jobs", len(batch), "first_job_id", batch[0].id, "err", err)
+			complete = false
 			continue
 		}
 		for _, id := range out.Changed {
@@ -119,6 +127,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []jobs.Snapshot, reason st
 		r.setMarkers(ctx, out.Reaped, res)
 		r.cancelHandlers(ctx, out.Reaped)
 	}
+	return complete && ctx.Err() == nil
 }
 
 // setMarkers writes the markers of one committed batch of reaps, in one

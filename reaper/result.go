@@ -29,6 +29,15 @@ type Result struct {
 	// candidates that ended this pass would have reaped more than
 	// MaxLostPerPass jobs, so it reaped none.
 	LostLimitTripped bool `json:"lost_limit_tripped"`
+	// StallStormHeld counts the stalled jobs this pass did not reap
+	// because a stall-storm hold holds their queues (skip reason
+	// stall_storm_held), the hold this pass started included.
+	StallStormHeld int `json:"stall_storm_held"`
+	// StallStormHolds are the stall-storm holds in effect for this pass's
+	// queues, in queue order, each with the jobs it held this pass; one
+	// this pass started has Started set (a dry run: the hold it would
+	// start, with ID 0). run --once exits 1 while one is in effect.
+	StallStormHolds []HoldReport `json:"stall_storm_holds"`
 	// StaleQueued counts QUEUED jobs older than StaleQueuedAfter whose
 	// task asynq will never run, among those this pass looked up.
 	StaleQueued int `json:"stale_queued"`
@@ -57,7 +66,8 @@ type Result struct {
 	// stalled (reaped as stalled; in a dry run, would be), the skip reason
 	// Decide or the pass gave it (no_row, not_processing, bad_row,
 	// no_start_time, unknown_type, bad_limits, within_limit, progressing,
-	// no_job_id, bad_job_id, changed_since_read), or one of the Scanned*
+	// no_job_id, bad_job_id, changed_since_read, stall_storm_held), or one
+	// of the Scanned*
 	// reasons, which name the outcomes no skip reason does. On every pass
 	// that is not interrupted it adds up to Scanned (CheckScanned). The
 	// lost-task search's outcomes (lost_task, awaiting_retry, lost_held,
@@ -133,6 +143,10 @@ const (
 	// ScannedLeaseLapsed: a stalled job not reaped because the daemon's
 	// leader lease lapsed during the pass (the new leader reaps it).
 	ScannedLeaseLapsed = "lease_lapsed"
+	// ScannedHoldsUnread: a stalled job not reaped because the stall-storm
+	// holds of the pass's queues could not be read (an error of the pass;
+	// the next pass judges it again).
+	ScannedHoldsUnread = "holds_unread"
 )
 
 // scannedAs counts n scanned active tasks under reason (ScannedBy).

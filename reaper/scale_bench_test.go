@@ -362,7 +362,10 @@ func BenchmarkScaleReap(b *testing.B) {
 			}}}))
 			lister, _ := queue.NewIDLister(w.rdb)
 			markers, _ := queue.NewMarkerStore(w.rdb)
+			// All n stall at once by design: no stall-storm limit (0, 0),
+			// which the daemon's defaults would trip.
 			w.reaper = reaper.New(w.store, lister, markers, reaper.Options{Queues: w.queues, Rule: baselineRule,
+				MaxStalledPerPass: 0, MaxStalledFraction: 0,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 			ctx := context.Background()
 			var floors, reaps []time.Duration

@@ -32,9 +32,10 @@ type queueScan struct {
 }
 
 // scanActive lists the active tasks of queues and, as the IDs come in,
-// loads, judges and reaps them one load batch (Options.LoadBatch IDs,
-// sorted) at a time: the listing runs on its own goroutine, so Redis
-// checks the next chunks while PostgreSQL loads the last batch. It returns
+// loads and judges them one load batch (Options.LoadBatch IDs, sorted) at
+// a time, keeping the stalled ones in j (the pass reaps them once all are
+// judged): the listing runs on its own goroutine, so Redis checks the
+// next chunks while PostgreSQL loads the last batch. It returns
 // the IDs of every active task, sorted and each once (the one list a pass
 // holds in full), the queues that were listed completely (a queue asynq
 // never saw counts as listed and empty), and the active entries that have
@@ -45,7 +46,7 @@ type queueScan struct {
 // listed queues, so the lost-task search does not look at it; the chunks
 // of it read before the failure were read and checked whole, and their
 // jobs are judged like any other.
-func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time, res *Result) (ids, listed []string, noLease map[string]bool) {
+func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time, res *Result, j *judgement) (ids, listed []string, noLease map[string]bool) {
 	chunks := make(chan queue.ActiveChunk, scanChunksBuffered)
 	// A panic of the listing is recovered on its goroutine and raised
 	// again on the pass's once the chunks are taken (RunOnce recovers
@@ -98,7 +99,7 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 		if len(batch) == 0 {
 			return
 		}
-		r.reapLoaded(ctx, batch, now, debug, res)
+		r.judgeLoaded(ctx, batch, now, debug, res, j)
 		ids = mergeSorted(ids, batch)
 	}
 	// Every chunk is taken, also after ctx is done, so that the listing

@@ -46,6 +46,13 @@ type Settings struct {
 	CancelOnReap bool `json:"cancel_on_reap"`
 	// OutageGrace is outage_grace.
 	OutageGrace bool `json:"outage_grace"`
+	// MaxStalledPerPass is max_stalled_per_pass (0: no limit).
+	MaxStalledPerPass int `json:"max_stalled_per_pass"`
+	// MaxStalledFraction is max_stalled_fraction (0: no limit).
+	MaxStalledFraction float64 `json:"max_stalled_fraction"`
+	// StallStormHold is stall_storm_hold, as a Go duration ("0s": the
+	// longest stall timeout among the held jobs' types).
+	StallStormHold string `json:"stall_storm_hold"`
 }
 
 // NewSettings returns the Settings of a daemon's scan: durations as Go

@@ -62,7 +62,9 @@ SELECT $1 || '-' || lpad(i::text, 5, '0'), 'report.export', 'PROCESSING', 1, 'w1
 		t.Fatal(err)
 	}
 	config := filepath.Join(t.TempDir(), "jobreaper.yaml")
-	yaml := fmt.Sprintf("cascades:\n  report.export:\n    on_failed:\n      - 'UPDATE %s SET failed = failed + 1 WHERE id = @parent_id'\n", parents)
+	// The 2,000 jobs stall together on purpose: the stall-storm limits are
+	// off, as the test is about concurrent reapers, not about storms.
+	yaml := fmt.Sprintf("max_stalled_per_pass: 0\nmax_stalled_fraction: 0\ncascades:\n  report.export:\n    on_failed:\n      - 'UPDATE %s SET failed = failed + 1 WHERE id = @parent_id'\n", parents)
 	if err := os.WriteFile(config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -109,6 +109,9 @@ func (m runMode) settings(cfg config.Config) (reaper.Settings, error) {
 	s.StaleQueuedLookupsPerPass = cfg.StaleQueuedLookupsPerPass
 	s.CancelOnReap = m.cancelOnReap
 	s.OutageGrace = cfg.OutageGraceOn()
+	s.MaxStalledPerPass = cfg.MaxStalledPerPass
+	s.MaxStalledFraction = cfg.MaxStalledFraction
+	s.StallStormHold = cfg.StallStormHold.String()
 	return s, nil
 }
 

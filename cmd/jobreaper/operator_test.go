@@ -327,7 +327,7 @@ func TestCLIHygiene(t *testing.T) {
 		t.Parallel()
 		r := run(t, "prune", "--reason", "q")
 		requireExit(t, r, exitCannotRun)
-		requireOneLineError(t, r, "--reason belongs to jobreaper cancel and jobreaper requeue, not to jobreaper prune")
+		requireOneLineError(t, r, "--reason belongs to jobreaper cancel and jobreaper release-hold and jobreaper requeue, not to jobreaper prune")
 	})
 
 	t.Run("EachHelpListsOnlyItsFlags", func(t *testing.T) {

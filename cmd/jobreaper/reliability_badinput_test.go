@@ -86,6 +86,11 @@ var badCLICases = []badCLICase{
 	{"PageSizeTooSmall", onDB("run", "--page-size", "10"), exitCannotRun, []string{"page_size 10 is below the minimum 1000"}},
 	{"PageSizeAbsurdlyLarge", onDB("run", "--page-size", "99999999999999999999"), exitCannotRun, []string{"--page-size"}},
 	{"MaxLostPerPassNegative", onDB("run", "--max-lost-per-pass", "-1"), exitCannotRun, []string{"max_lost_per_pass -1 is negative"}},
+	{"MaxStalledPerPassNegative", onDB("run", "--max-stalled-per-pass", "-1"), exitCannotRun, []string{"max_stalled_per_pass -1 is negative", "--max-stalled-per-pass"}},
+	{"MaxStalledFractionAboveOne", onDB("run", "--max-stalled-fraction", "1.5"), exitCannotRun, []string{"max_stalled_fraction 1.5 is not between 0 and 1", "--max-stalled-fraction"}},
+	{"MaxStalledFractionNaN", onDB("run", "--max-stalled-fraction", "NaN"), exitCannotRun, []string{"max_stalled_fraction", "is not a finite number"}},
+	{"MaxStalledFractionNotANumber", onDB("run", "--max-stalled-fraction", "half"), exitCannotRun, []string{"--max-stalled-fraction"}},
+	{"StallStormHoldNegative", onDB("run", "--stall-storm-hold", "-1m"), exitCannotRun, []string{"stall_storm_hold -1m0s is negative"}},
 	{"StaleQueuedLookupsZero", onDB("run", "--stale-queued-lookups-per-pass", "0"), exitCannotRun, []string{"stale_queued_lookups_per_pass 0 is below 1"}},
 	{"OutageGraceNotABoolean", onDB("run", "--outage-grace=sometimes"), exitCannotRun, []string{"--outage-grace"}},
 	// The daemon's rule only: run --once never reads the window.

@@ -44,10 +44,11 @@ func requireDenied(t *testing.T, conn *pgx.Conn, sql string) {
 }
 
 // deploy/sql/roles.sql grants each role what it needs and nothing more: a
-// full reaping pass with a cascade runs as the reaper role, a worker's
-// claim, heartbeat, advance and complete (with its cascade) run as the
-// worker role, the operator commands (with their cascades) as the operator
-// role, and none can write what it does not own.
+// full reaping pass with a cascade runs as the reaper role, and so does a
+// pass that records a stall-storm hold and the pass that drains it; a
+// worker's claim, heartbeat, advance and complete (with its cascade) run
+// as the worker role; the operator commands (with their cascades, and
+// release-hold) as the operator role; none can write what it does not own.
 func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("psql"); err != nil {
@@ -75,7 +76,11 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			"-v", "schema=" + db.Schema, "-v", "reaper_role=" + reaperRole, "-v", "worker_role=" + workerRole}, extra...)
 		psql := exec.CommandContext(ctx, "psql", append(args, "-f", "../../deploy/sql/roles.sql")...)
 		if out, err := psql.CombinedOutput(); err != nil {
-			t.Fatalf("psql -f deploy/sql/roles.sql %v: %v\n%s", extra, err, out)
+			t.Fatalf("psql %v -f deploy/sql/roles.sql: %v\n%s", extra, err, out)
+		}
+		exists := db.Count(t, `SELECT count(*) FROM pg_roles WHERE rolname = $1`, operatorRole)
+		if want := int64(len(extra) / 2); exists != want {
+			t.Fatalf("with %v, %d operator roles exist, want %d", extra, exists, want)
 		}
 	}
 
@@ -149,6 +154,36 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		db.Exec(t, `UPDATE `+s+`.reaper_outages SET postmaster_start = postmaster_start - interval '1 day'`)
 		if c, err := store.PassClock(ctx, p); err != nil || c.Cause != "restart" {
 			t.Fatalf("recording a restart as the reaper role: %+v, %v", c, err)
+		}
+	})
+
+	t.Run("ReaperRoleHoldsAStallStormOperatorRoleReleasesIt", func(t *testing.T) {
+		q := unique("roles-storm")
+		ids := stormJobs(t, db, q, "report.export", 12)
+		once := func(as string) result {
+			return run(t, "run", "--once", "--output", "json", "--config", file, "--database-url", roleURL(t, db, as),
+				"--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", q)
+		}
+		r := once(reaperRole)
+		requireExit(t, r, exitPassErrors)
+		if doc := requireOneJSONResult(t, r.stdout); string(doc["stall_storm_held"]) != "12" || string(doc["errors"]) != "0" {
+			t.Fatalf("storm pass as the reaper role: %s, want 12 held and no error", r.stdout)
+		}
+		r = run(t, "release-hold", "--reason", "checked: they hang", "--database-url", roleURL(t, db, operatorRole),
+			"--schema", db.Schema, "--queues", q)
+		requireExit(t, r, exitOK)
+		// (Its exit code may be 1: the marker of the first subtest's job,
+		// deleted at its cleanup, is held, since no asynq server runs.)
+		r = once(reaperRole)
+		if doc := requireOneJSONResult(t, r.stdout); string(doc["reaped"]) != "12" || string(doc["errors"]) != "0" ||
+			string(doc["stall_storm_held"]) != "0" {
+			t.Fatalf("first pass after the release, as the reaper role: %s, want the 12 reaped", r.stdout)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.jobs WHERE id = ANY($1) AND status = 'FAILED'`, ids); n != 12 {
+			t.Fatalf("%d of 12 FAILED", n)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.reaper_holds WHERE released_by IS NOT NULL AND drained_at IS NOT NULL`); n != 1 {
+			t.Fatal("the hold was not released and drained")
 		}
 	})
 
@@ -334,6 +369,9 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			`INSERT INTO ` + s + `.jobs (id, type) VALUES ('x', 'report.export')`,
 			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
 			`CREATE TABLE ` + s + `.intruder (id int)`,
+			// Ending a hold early is an operator's act.
+			`UPDATE ` + s + `.reaper_holds SET released_at = now()`,
+			`DELETE FROM ` + s + `.reaper_holds`,
 		} {
 			if strings.Contains(sql, "WHERE false") {
 				if _, err := reaper.Exec(ctx, sql); err != nil {
@@ -354,6 +392,7 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		defer worker.Close(context.WithoutCancel(ctx))
 		for _, sql := range []string{
 			`UPDATE ` + s + `.videos SET title = 'overwritten'`,
+			`SELECT count(*) FROM ` + s + `.reaper_holds`,
 			`UPDATE ` + s + `.jobs SET marker_set_at = now()`,
 			`UPDATE ` + s + `.jobs SET type = 'other'`,
 			`DELETE FROM ` + s + `.jobs`,
@@ -361,6 +400,20 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,
 		} {
 			requireDenied(t, worker, sql)
+		}
+
+		operator, err := pgx.Connect(ctx, roleURL(t, db, operatorRole))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer operator.Close(context.WithoutCancel(ctx))
+		for _, sql := range []string{
+			`UPDATE ` + s + `.reaper_holds SET until = now() + interval '1 year'`,
+			`UPDATE ` + s + `.reaper_holds SET drained_at = NULL`,
+			`INSERT INTO ` + s + `.reaper_holds (queues, types, held, judged, tripped, until) VALUES ('{q}', '{}', 1, 1, 'x', now())`,
+			`DELETE FROM ` + s + `.reaper_holds`,
+		} {
+			requireDenied(t, operator, sql)
 		}
 	})
 }

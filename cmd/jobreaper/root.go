@@ -110,17 +110,18 @@ JOBREAPER_STALL_TIMEOUT), and the flags below. Durations use Go syntax:
 90s, 5m, 1h30m.
 
 Exit codes: 0 done (run --once: a clean pass); 1 run --once: the pass had
-errors or panicked, the mass-loss limit held its lost_task reaps back, or a
-signal stopped it before its end; requeue, cancel: a job was refused or failed;
-inspect: no such job; prune: refused or stopped; 2 could not run; 3 run
-(the daemon): 3 passes in a row panicked, so it released its leader lease
-and stopped to be restarted. README.md has the whole table.`,
+errors or panicked, the mass-loss limit held its lost_task reaps back, a
+stall-storm hold is on for its queues, or a signal stopped it before its
+end; requeue, cancel: a job was refused or failed; inspect: no such job;
+prune: refused or stopped; release-hold: no hold was in effect; 2 could not
+run; 3 run (the daemon): 3 passes in a row panicked, so it released its
+leader lease and stopped to be restarted. README.md has the whole table.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
 		Version:       version(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cannotRun("a command is required: migrate, run, inspect, requeue, cancel, prune, demo or version; see jobreaper --help")
+			return cannotRun("a command is required: migrate, run, inspect, requeue, cancel, prune, release-hold, demo or version; see jobreaper --help")
 		},
 	}
 	root.SetVersionTemplate("jobreaper {{.Version}}\n")
@@ -138,7 +139,7 @@ and stopped to be restarted. README.md has the whole table.`,
 	root.CompletionOptions.DisableDefaultCmd = true
 	// Each command defines only the flags it uses, so that its --help
 	// lists those and an unknown one is caught and explained.
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.inspectCmd(), a.requeueCmd(), a.cancelCmd(), a.pruneCmd(), a.demoCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.inspectCmd(), a.requeueCmd(), a.cancelCmd(), a.pruneCmd(), a.releaseHoldCmd(), a.demoCmd(), a.versionCmd())
 	return root
 }
 

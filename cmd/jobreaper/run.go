@@ -57,22 +57,36 @@ run --once runs one pass, prints what it did on stdout and exits 0 if the
 pass was clean, 1 if it counted errors, panicked or held marker writes
 (markers_held > 0: no live asynq server serves a queue of the pass in that
 Redis, a wrong --redis-url looks the same, so no marker was written
-there), 2 if it could not run (also, with --strict-queues, when a queue of
+there), or while a stall-storm hold is on for its queues (stall_storm_holds
+not empty: too many active jobs went idle at once, so their queues' stalled
+jobs are held until the hold ends; jobreaper release-hold ends it at once),
+2 if it could not run (also, with --strict-queues, when a queue of
 --queues is not known to asynq: the message names it with a did-you-mean).
 With --output json, stdout is exactly one JSON document: the summary
 {"scanned":N,"reaped":N,"skipped":{...},"errors":N,"reaped_by":{"stalled":N,"lost_task":N},
 "lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
 "interrupted":false,"panicked":false,"queues_not_found":[...],"scanned_by":{...},
-"bad_queue_names":N,"markers_held":N,"queues_did_you_mean":{...},"uncovered_queues":{...}} (interrupted: a
+"bad_queue_names":N,"markers_held":N,"queues_did_you_mean":{...},"uncovered_queues":{...},
+"stall_storm_held":N,"stall_storm_holds":[...]} (interrupted: a
 signal stopped the pass before its end, exit 1; panicked: the pass ended at
 a panic, exit 1; scanned_by: every scanned active task by outcome, adding up
 to scanned; bad_queue_names: queue names no PostgreSQL text or metric label
 can hold, skipped; uncovered_queues: queues asynq knows with stalled jobs that
 neither a live leader lease's queue set nor this run's --queues covers, each
-with its count), or, when the command could not run once its flags were
-read (exit 2), {"error":"<message>"} with the message also on stderr.
---output applies to --once only.
-Logs always go to stderr.`,
+with its count; stall_storm_held: stalled jobs not reaped because a hold
+holds their queues, each hold in stall_storm_holds), or, when the command
+could not run once its flags were read (exit 2), {"error":"<message>"} with
+the message also on stderr. --output applies to --once only.
+Logs always go to stderr.
+
+A pass that would reap more than max_stalled_per_pass jobs as stalled, or
+10 or more that are more than max_stalled_fraction of the active tasks it
+judged, reaps none of them and records a stall-storm hold on their queues
+(run --once may start one; --dry-run only says it would). On run --once,
+--max-stalled-per-pass 0 on the command line lifts both limits for that
+pass, unless --max-stalled-fraction is given there too (0 from the file or
+the environment lifts max_stalled_per_pass only); a hold already recorded
+is still honoured: release-hold ends it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("output") && !once {
@@ -112,7 +126,15 @@ func (a *app) runOnceCmd(cmd *cobra.Command, output string, mode runMode) error 
 	if err != nil {
 		return err
 	}
-	return a.runOnce(cmd.Context(), cfg, newLogger(cfg, a.stderr), output, mode)
+	log := newLogger(cfg, a.stderr)
+	if cmd.Flags().Changed("max-stalled-per-pass") && cfg.MaxStalledPerPass == 0 && !cmd.Flags().Changed("max-stalled-fraction") {
+		// The operator's way to reap a storm on purpose, as
+		// --max-lost-per-pass 0 is for lost tasks: both limits go.
+		cfg.MaxStalledFraction = 0
+		log.Info("--max-stalled-per-pass 0: this pass reaps stalled jobs without the stall-storm limits; "+
+			"a hold already recorded still holds its queues (jobreaper release-hold ends it)", "component", "main")
+	}
+	return a.runOnce(cmd.Context(), cfg, log, output, mode)
 }
 
 // printJSONError keeps run --once --output json's promise of one JSON
@@ -192,6 +214,10 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		MarkerCheckWindow: cfg.MarkerCheckWindow,
 		MaxLostPerPass:    cfg.MaxLostPerPass,
 
+		MaxStalledPerPass:  cfg.MaxStalledPerPass,
+		MaxStalledFraction: cfg.MaxStalledFraction,
+		StallStormHold:     cfg.StallStormHold,
+
 		StaleQueuedAfter:   cfg.StaleQueuedAfter,
 		StaleQueuedLookups: cfg.StaleQueuedLookupsPerPass,
 		Asynq:              queue.NewStatusReader(rdb, cfg.OpTimeout),
@@ -253,7 +279,8 @@ func (a *app) runOnce(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	}
 	// Held marker writes are not clean: the markers a reaped job's late
 	// retry is refused by are missing there, or the Redis is the wrong one.
-	if res.Errors > 0 || res.MarkersHeld > 0 {
+	// Nor is a stall-storm hold: stalled jobs wait on it, or on an operator.
+	if res.Errors > 0 || res.MarkersHeld > 0 || len(res.StallStormHolds) > 0 {
 		return &exitError{code: exitPassErrors}
 	}
 	return nil
@@ -367,6 +394,9 @@ func forScripts(res reaper.Result) reaper.Result {
 	if res.QueuesNotFound == nil {
 		res.QueuesNotFound = []string{}
 	}
+	if res.StallStormHolds == nil {
+		res.StallStormHolds = []reaper.HoldReport{}
+	}
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
 		res.ReapedBy[reason] += 0 // both keys, always
 	}
@@ -429,6 +459,17 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	if res.MarkersHeld > 0 {
 		line += fmt.Sprintf(", markers_held %d (not written: no live asynq server serves a queue of this pass in Redis %s; "+
 			"the wrong --redis-url?)", res.MarkersHeld, cmp.Or(redis, "the Redis read"))
+	}
+	for _, h := range res.StallStormHolds {
+		what := fmt.Sprintf("stall-storm hold %d", h.ID)
+		if h.Started {
+			what = "stall-storm hold started"
+			if h.ID == 0 {
+				what = "stall-storm hold (a real pass would start it)"
+			}
+		}
+		line += fmt.Sprintf(", %s on queues %s until %s: %d stalled job(s) held (release it with jobreaper release-hold)",
+			what, strings.Join(h.Queues, ","), h.Until.UTC().Format(time.RFC3339), h.Held)
 	}
 	if res.LostLimitTripped {
 		line += ", lost_limit_tripped (no lost_task reaped: more than max_lost_per_pass; see the log)"

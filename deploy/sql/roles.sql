@@ -2,9 +2,9 @@
 -- (`jobreaper run`), one for the workers that link the library (the start
 -- guard, heartbeats, Advance, Complete, Fail, and queue.Enqueue), and,
 -- when operator_role is given, one for the operator commands (inspect,
--- requeue, cancel, prune). Run it as the owner of jobreaper's tables (the
--- role that ran `jobreaper migrate`), after migrate, and again after every
--- migrate that adds a table:
+-- requeue, cancel, prune, release-hold). Run it as the owner of jobreaper's
+-- tables (the role that ran `jobreaper migrate`), after migrate, and again
+-- after every migrate that adds a table:
 --
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 \
 --        -v schema=jobreaper -v reaper_role=jobreaper_reaper -v worker_role=app_worker \
@@ -70,6 +70,16 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".leader_leases TO :"reaper_role
 -- connections.
 GRANT SELECT, INSERT, UPDATE ON :"schema".reaper_outages TO :"reaper_role";
 
+-- Stall-storm holds: every pass reads those of its queues, a pass that
+-- would reap too many stalled jobs at once records one (id is a
+-- bigserial), and the first pass after a hold's end records which queues
+-- it reaped (drained). Never the release columns: ending a hold early is
+-- an operator's act.
+GRANT SELECT, INSERT (queues, types, held, judged, tripped, started_at, until),
+      UPDATE (drained, drained_at)
+   ON :"schema".reaper_holds TO :"reaper_role";
+GRANT USAGE ON SEQUENCE :"schema".reaper_holds_id_seq TO :"reaper_role";
+
 -- Worker -----------------------------------------------------------------
 -- Reading the row (the guard, Enqueue, the outcome mapping, late-result
 -- checks) and the batches a replayed Advance returns.
@@ -120,6 +130,11 @@ GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"operator_role";
 GRANT DELETE ON :"schema".job_events, :"schema".job_batches TO :"operator_role";
 GRANT INSERT (older_than, cutoff, events, batches, complete, operator) ON :"schema".prune_runs TO :"operator_role";
 GRANT USAGE ON SEQUENCE :"schema".prune_runs_id_seq TO :"operator_role";
+
+-- release-hold: ends the stall-storm holds in effect (UPDATE ... WHERE
+-- reads queues, until, released_at and drained_at, and RETURNING reads the
+-- row) and records who and why.
+GRANT SELECT, UPDATE (released_at, released_by, reason) ON :"schema".reaper_holds TO :"operator_role";
 \endif
 
 -- Not granted, on purpose: DELETE on any other table (a product that deletes

@@ -139,7 +139,9 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	// lost-task reaps are held without one, as the daemon's are.
 	w.reaper = reaper.New(w.store, lister, w.markers, reaper.Options{
 		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper, OutageGrace: w.cfg.OutageGraceOn(),
-		Asynq: queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
+		Asynq:             queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
+		MaxStalledPerPass: w.cfg.MaxStalledPerPass, MaxStalledFraction: w.cfg.MaxStalledFraction,
+		StallStormHold: w.cfg.StallStormHold,
 	})
 	hb, err := jobs.NewHeartbeater(w.store, nil, w.cfg.HeartbeatInterval)
 	if err != nil {

@@ -338,6 +338,10 @@ func soakConfigYAML(c jobs.Cascades) []byte {
 	}
 	sort.Strings(types)
 	var b strings.Builder
+	// Stalls come one or two a pass here, never as a storm: the limits
+	// are off so that a pass delayed on a busy machine, which finds a
+	// few seconds' worth at once, still reaps them as they come.
+	b.WriteString("max_stalled_per_pass: 0\nmax_stalled_fraction: 0\n")
 	b.WriteString("cascades:\n")
 	for _, typ := range types {
 		fmt.Fprintf(&b, "  %s:\n    on_failed:\n", typ)

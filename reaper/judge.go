@@ -1,0 +1,98 @@
+package reaper
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jobreaper/jobreaper/jobs"
+)
+
+// jobKind is what many stalled jobs of one pass share: their type, queue
+// (the row's, "" when NULL) and stall timeout, kept once per pass (kinds)
+// instead of once per job.
+type jobKind struct {
+	typ, queue string
+	stall      time.Duration
+}
+
+// heldQueue is the queue a hold names for jobs of this kind (queueOf).
+func (k *jobKind) heldQueue() string { return cmp.Or(k.queue, jobs.QueueDefault) }
+
+// kinds interns a pass's jobKinds.
+type kinds map[jobKind]*jobKind
+
+func (k kinds) of(typ, queue string, stall time.Duration) *jobKind {
+	key := jobKind{typ, queue, stall}
+	if p, ok := k[key]; ok {
+		return p
+	}
+	p := &key
+	k[key] = p
+	return p
+}
+
+// stalledJob is what a pass keeps of a stalled job between its judging
+// and its reap: what the reap's compare-and-set repeats (ID, generation,
+// updated_at) and what the stall-storm hold needs (kind). It is 40 bytes:
+// a pass that finds 100,000 active jobs stalled keeps 4 MB of them, the ID
+// strings shared with the pass's ID list.
+type stalledJob struct {
+	id         string
+	generation int64
+	// updatedUs is updated_at in Unix microseconds, all the database
+	// keeps of it.
+	updatedUs int64
+	kind      *jobKind
+}
+
+// updatedAt returns the job's updated_at as read.
+func (s stalledJob) updatedAt() time.Time { return time.UnixMicro(s.updatedUs) }
+
+// queueOf is the queue a row's job runs in, as holds name it: its queue
+// column, or asynq's default queue when NULL (where queue.Enqueue puts
+// such a job's task).
+func queueOf(snap *jobs.Snapshot) string {
+	return cmp.Or(snap.Queue, jobs.QueueDefault)
+}
+
+// keep returns what the pass keeps of snap, stalled with verdict v.
+func (k kinds) keep(snap *jobs.Snapshot, v Verdict) stalledJob {
+	return stalledJob{id: snap.ID, generation: snap.Generation, updatedUs: snap.UpdatedAt.UnixMicro(),
+		kind: k.of(snap.Type, snap.Queue, v.StallTimeout)}
+}
+
+// keepAll returns what a reap needs of snaps (lost tasks), sorted by ID.
+func keepAll(snaps []jobs.Snapshot) []stalledJob {
+	k := kinds{}
+	out := make([]stalledJob, len(snaps))
+	for i := range snaps {
+		out[i] = stalledJob{id: snaps[i].ID, generation: snaps[i].Generation, updatedUs: snaps[i].UpdatedAt.UnixMicro(),
+			kind: k.of(snaps[i].Type, snaps[i].Queue, 0)}
+	}
+	sortStalled(out)
+	return out
+}
+
+func sortStalled(s []stalledJob) {
+	slices.SortFunc(s, func(a, b stalledJob) int { return strings.Compare(a.id, b.id) })
+}
+
+// judgement is what a pass gathers while it judges its active tasks
+// batch by batch: the stalled jobs, and how many tasks it judged per
+// queue (the share the stall-storm check compares with).
+type judgement struct {
+	stalled []stalledJob
+	kinds   kinds
+	// judged counts the tasks Decide judged, by the queue of their row
+	// (queueOf), "" for tasks without a row.
+	judged map[string]int
+	// loadFailed: a batch of rows could not be loaded, so some tasks were
+	// not judged this pass.
+	loadFailed bool
+}
+
+func newJudgement() *judgement {
+	return &judgement{kinds: kinds{}, judged: map[string]int{}}
+}
