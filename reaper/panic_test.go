@@ -45,19 +45,19 @@ func (p *panickyLister) ListActive(ctx context.Context, q string) (queue.ActiveT
 	return p.fakeLister.ListActive(ctx, q)
 }
 
-// panickyStore panics in Now, on the pass's own goroutine, at the calls
-// whose number (from 1) panicAt names.
+// panickyStore panics in PassClock (the pass's clock reading), on the
+// pass's own goroutine, at the calls whose number (from 1) panicAt names.
 type panickyStore struct {
 	*jobs.Store
 	calls   atomic.Int32
 	panicAt map[int32]bool
 }
 
-func (s *panickyStore) Now(ctx context.Context) (time.Time, error) {
+func (s *panickyStore) PassClock(ctx context.Context, p jobs.PassClockParams) (jobs.PassClock, error) {
 	if s.panicAt[s.calls.Add(1)] {
 		panic("a clock reading no store expects")
 	}
-	return s.Store.Now(ctx)
+	return s.Store.PassClock(ctx, p)
 }
 
 // passesBy returns jobreaper_passes_total{outcome}.
