@@ -114,7 +114,8 @@ errors or panicked, the mass-loss limit held its lost_task reaps back, or a
 signal stopped it before its end; requeue, cancel: a job was refused or failed;
 inspect: no such job; prune: refused or stopped; 2 could not run; 3 run
 (the daemon): 3 passes in a row panicked, so it released its leader lease
-and stopped to be restarted. README.md has the whole table.`,
+and stopped to be restarted. docs/operating.md, "Exit codes", has the whole
+table.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
