@@ -53,8 +53,8 @@ func (r *recordingRegistry) MustRegister(cs ...prometheus.Collector) {
 // process collectors (startMetricsServer); a worker's holds the start
 // guard's and the jobs.Store's metrics (queue.WithRegisterer,
 // jobs.WithRegisterer) and the Go and process collectors, as
-// docs/worker.md's worker program registers them. A histogram or summary adds its _bucket,
-// _sum and _count series.
+// docs/worker.md's worker program registers them. A histogram or summary
+// adds its _bucket, _sum and _count series.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	daemon := newRecordingRegistry()

@@ -187,9 +187,9 @@ type k8sEnv struct {
 
 // Every container of the Kubernetes example that loads jobreaper's
 // settings (JOBREAPER_CONFIG) gets the database and Redis URLs from the
-// same Secret keys as the daemon: a worker built from docs/worker.md's program
-// loads them with config.Load, and without them stops at start with
-// "database_url is required".
+// same Secret keys as the daemon: a worker built from docs/worker.md's
+// program loads them with config.Load, and without them stops at start
+// with "database_url is required".
 func TestKubernetesContainersThatLoadTheConfigGetTheDaemonsSecrets(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("../../deploy/kubernetes-sidecar.yaml")
