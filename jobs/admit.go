@@ -111,7 +111,7 @@ SELECT cur.status, cur.generation, cur.failure_reason, snap.generation,
 // no row (AdmitNoRow); COMPLETED (AdmitCompleted) or FAILED (AdmitFailed),
 // writing nothing; with req.HasMarker, a marker generation at or above the
 // row's (AdmitMarked: a marker of an earlier life of the ID is below every
-// generation of the current life, see README "A job ID's lives", so it
+// generation of the current life, see docs/schema.md, "A job ID's lives", so it
 // does not refuse); with !req.Claim, AdmitHeld. Otherwise it claims as
 // Claim does (generation+1, worker, started_at = updated_at = now(),
 // PROCESSING, a "claimed" event in the same statement, the type's

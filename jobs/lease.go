@@ -32,7 +32,7 @@ type Lease struct {
 	// (jobs.first_generation): 0 for an ID's first life inserted with the
 	// default generation, and above every generation of the ID's earlier
 	// lives when the product deleted the row and inserted the ID again (see
-	// README, "A job ID's lives"). Generation is at or above it.
+	// docs/schema.md, "A job ID's lives"). Generation is at or above it.
 	FirstGeneration int64
 	// MaxRuntime is the type's max_runtime (job_types) as the claim read
 	// it, in the same statement: the runtime after which the reaper may

@@ -47,7 +47,7 @@ func setupPooled(t *testing.T, opts jobstest.PgBouncerOptions) *pooledSetup {
 }
 
 // connect opens a pool through the pooler as a worker would: the URL
-// setting the README documents for pooled URLs, and a search_path the
+// setting docs/schema.md documents for pooled URLs, and a search_path the
 // pooler ignores.
 func (s *pooledSetup) connect(t *testing.T, maxConns int) *pgxpool.Pool {
 	t.Helper()
@@ -246,7 +246,7 @@ INSERT INTO jobreaper.jobs (id, type, status) VALUES ('job-1', 'report.export', 
 // type from its Go value): resumable progress and its replay, Fail with its
 // cascade, a late result's event, Release and auto-completion. Cascades
 // keep their unqualified names, which resolve through the server's default
-// search_path (public here), as the README says.
+// search_path (public here), as docs/schema.md says.
 func TestPooledWorkerCallsOnANonPublicSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

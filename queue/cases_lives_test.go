@@ -260,7 +260,7 @@ func TestEnqueuerRemovesOnlyWhatNoLifeNeeds(t *testing.T) {
 		t.Fatalf("the pending task = %+v (%v), want it kept", info, err)
 	}
 
-	// Requeued by hand (generation + 1, as README says) after a reap: the
+	// Requeued by hand (generation + 1, as docs/operating.md says) after a reap: the
 	// archived task is this life's, and stays until the operator acts.
 	requeued := unique(t, "requeued-")
 	b.db.Insert(t, jobstest.Job{ID: requeued, Type: "report.export", Status: jobs.StatusQueued, Queue: q})

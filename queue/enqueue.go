@@ -215,7 +215,8 @@ func NewEnqueuer(rdb redis.UniversalClient, store EnqueueStore) *Enqueuer {
 // of this life was never claimed then, so the removed task carried no
 // attempt of it. A pending, scheduled, retry or active task is never
 // removed (it may still run this life's attempt), nor is any task of a row
-// claimed in its life (requeue such a job as README describes): the error
+// claimed in its life (requeue such a job as docs/operating.md, "Requeuing
+// a job", describes): the error
 // wraps asynq.ErrTaskIDConflict and names the task's state.
 func (e *Enqueuer) Enqueue(ctx context.Context, task *asynq.Task, jobID string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	return enqueue(ctx, e.client, e.insp, e.store, task, jobID, opts)

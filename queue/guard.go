@@ -201,7 +201,7 @@ func defaultWorker() string {
 //     map its result through the outcome mapping, whose writes are retried
 //     through a blip of a few seconds; one that still fails is counted as
 //     settle_failed and logged, and asynq's decision is kept (see
-//     README, "What a handler's result does").
+//     docs/worker.md, "What a handler's result does").
 //
 // Over a *jobs.Store (see Admitter) steps 2 to 4 take one Redis and one
 // PostgreSQL round trip: the marker is read first, then jobs.Store.Admit

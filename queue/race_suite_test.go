@@ -133,8 +133,8 @@ func newRaceSuite(t *testing.T) *raceSuite {
 	db.Exec(t, raceSchema)
 
 	// Every goroutine of an interleaving may hold a transaction at once;
-	// late_result_rejected events go through a pool of their own, as the
-	// README advises when callers hold transactions.
+	// late_result_rejected events go through a pool of their own, as
+	// jobs.WithEventsDB advises when callers hold transactions.
 	pool := connect(t, db, 24)
 	events := connect(t, db, 8)
 	wide := *db

@@ -29,7 +29,7 @@ const (
 	// a tick) is then older than the stall timeout, so the storm falls in
 	// one pass. The passes are placed by the test: one that ran while only
 	// some of the jobs had crossed the stall timeout would see fewer than
-	// the limits hold (see the README's Stall storms).
+	// the limits hold (see docs/operating.md, Stall storms).
 	b48StormAt = b48Stall + 2*time.Second
 )
 

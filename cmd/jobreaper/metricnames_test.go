@@ -52,9 +52,9 @@ func (r *recordingRegistry) MustRegister(cs ...prometheus.Collector) {
 // build theirs: the daemon's holds reaper.NewMetrics and the Go and
 // process collectors (startMetricsServer); a worker's holds the start
 // guard's and the jobs.Store's metrics (queue.WithRegisterer,
-// jobs.WithRegisterer) and the Go and process collectors, as README's
-// worker program registers them. A histogram or summary adds its _bucket,
-// _sum and _count series.
+// jobs.WithRegisterer) and the Go and process collectors, as
+// docs/worker.md's worker program registers them. A histogram or summary
+// adds its _bucket, _sum and _count series.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	daemon := newRecordingRegistry()

@@ -115,7 +115,8 @@ stall-storm hold is on for its queues, or a signal stopped it before its
 end; requeue, cancel: a job was refused or failed; inspect: no such job;
 prune: refused or stopped; release-hold: no hold was in effect; 2 could not
 run; 3 run (the daemon): 3 passes in a row panicked, so it released its
-leader lease and stopped to be restarted. README.md has the whole table.`,
+leader lease and stopped to be restarted. docs/operating.md, "Exit codes", has
+the whole table.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,

@@ -88,7 +88,15 @@ func TestSystemdUnitPathsExistAfterItsInstallSteps(t *testing.T) {
 	}
 	root := t.TempDir()
 	repo := filepath.Join(root, "repo")
-	for _, f := range []string{"bin/jobreaper", "deploy/jobreaper.service", "deploy/jobreaper.example.yaml", "README.md"} {
+	docs, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(docs) == 0 {
+		t.Fatalf("no docs/*.md to install (%v)", err)
+	}
+	shipped := []string{"bin/jobreaper", "deploy/jobreaper.service", "deploy/jobreaper.example.yaml", "README.md"}
+	for _, d := range docs {
+		shipped = append(shipped, "docs/"+filepath.Base(d))
+	}
+	for _, f := range shipped {
 		src := filepath.Join("../..", f)
 		if f == "bin/jobreaper" {
 			src = "../../deploy/jobreaper.service" // any file: the binary is not run
@@ -179,9 +187,9 @@ type k8sEnv struct {
 
 // Every container of the Kubernetes example that loads jobreaper's
 // settings (JOBREAPER_CONFIG) gets the database and Redis URLs from the
-// same Secret keys as the daemon: a worker built from README's program
-// loads them with config.Load, and without them stops at start with
-// "database_url is required".
+// same Secret keys as the daemon: a worker built from docs/worker.md's
+// program loads them with config.Load, and without them stops at start
+// with "database_url is required".
 func TestKubernetesContainersThatLoadTheConfigGetTheDaemonsSecrets(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("../../deploy/kubernetes-sidecar.yaml")

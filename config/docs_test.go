@@ -10,30 +10,31 @@ import (
 	"time"
 )
 
-// readmeRow is one row of README.md's configuration table.
-type readmeRow struct {
+// docsRow is one row of docs/configuration.md's settings table.
+type docsRow struct {
 	key, flag, env, def string
 }
 
-var readmeCell = regexp.MustCompile("^`([^`]*)`")
+var docsCell = regexp.MustCompile("^`([^`]*)`")
 
-// readmeConfigTable returns README.md's "## Configuration" table by YAML key.
-func readmeConfigTable(t *testing.T) map[string]readmeRow {
+// docsConfigTable returns the table of docs/configuration.md's "## Settings"
+// section by YAML key.
+func docsConfigTable(t *testing.T) map[string]docsRow {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(b)
-	start := strings.Index(text, "\n## Configuration\n")
+	start := strings.Index(text, "\n## Settings\n")
 	if start < 0 {
-		t.Fatal(`README.md has no "## Configuration" section`)
+		t.Fatal(`docs/configuration.md has no "## Settings" section`)
 	}
 	section := text[start+1:]
 	if end := strings.Index(section[3:], "\n## "); end >= 0 {
 		section = section[:end+3]
 	}
-	rows := map[string]readmeRow{}
+	rows := map[string]docsRow{}
 	for _, line := range strings.Split(section, "\n") {
 		if !strings.HasPrefix(line, "| `") {
 			continue
@@ -44,23 +45,24 @@ func readmeConfigTable(t *testing.T) map[string]readmeRow {
 		}
 		cell := func(i int) string {
 			c := strings.TrimSpace(cells[i])
-			if m := readmeCell.FindStringSubmatch(c); m != nil {
+			if m := docsCell.FindStringSubmatch(c); m != nil {
 				return m[1]
 			}
 			return c
 		}
-		r := readmeRow{key: cell(0), flag: cell(1), env: cell(2), def: cell(3)}
+		r := docsRow{key: cell(0), flag: cell(1), env: cell(2), def: cell(3)}
 		rows[r.key] = r
 	}
 	return rows
 }
 
-// TestREADMEConfigurationTableMatchesConfig keeps the configuration
-// reference from drifting: every Config field has a README row with its
-// flag, environment variable and default, and every row is a field.
-func TestREADMEConfigurationTableMatchesConfig(t *testing.T) {
+// TestDocsConfigurationTableMatchesConfig keeps the configuration
+// reference from drifting: every Config field has a row in
+// docs/configuration.md with its flag, environment variable and default,
+// and every row is a field.
+func TestDocsConfigurationTableMatchesConfig(t *testing.T) {
 	t.Parallel()
-	rows := readmeConfigTable(t)
+	rows := docsConfigTable(t)
 	defaults := reflect.ValueOf(Config{}.WithDefaults())
 	typ := defaults.Type()
 	fields := map[string]bool{}
@@ -72,21 +74,21 @@ func TestREADMEConfigurationTableMatchesConfig(t *testing.T) {
 		fields[key] = true
 		row, ok := rows[key]
 		if !ok {
-			t.Errorf("README.md's configuration table has no row for %s", key)
+			t.Errorf("docs/configuration.md's settings table has no row for %s", key)
 			continue
 		}
 		if flag, env, ok := Names(key); ok {
 			if row.flag != flag || row.env != env {
-				t.Errorf("README row %s names flag %q and env %q, want %q and %q", key, row.flag, row.env, flag, env)
+				t.Errorf("docs/configuration.md row %s names flag %q and env %q, want %q and %q", key, row.flag, row.env, flag, env)
 			}
 		} else if row.flag != "(file only)" || row.env != "(file only)" {
-			t.Errorf("README row %s names flag %q and env %q, want (file only)", key, row.flag, row.env)
+			t.Errorf("docs/configuration.md row %s names flag %q and env %q, want (file only)", key, row.flag, row.env)
 		}
 		checkDefault(t, key, row.def, defaults.Field(i).Interface())
 	}
 	for key := range rows {
 		if !fields[key] {
-			t.Errorf("README.md documents %s, which is no Config field", key)
+			t.Errorf("docs/configuration.md documents %s, which is no Config field", key)
 		}
 	}
 }
@@ -97,11 +99,11 @@ func checkDefault(t *testing.T, key, doc string, def any) {
 	case time.Duration:
 		d, err := time.ParseDuration(doc)
 		if err != nil || d != v {
-			t.Errorf("README default of %s is %q, want %s", key, doc, v)
+			t.Errorf("docs/configuration.md default of %s is %q, want %s", key, doc, v)
 		}
 	case int:
 		if n, err := strconv.Atoi(doc); err != nil || n != v {
-			t.Errorf("README default of %s is %q, want %d", key, doc, v)
+			t.Errorf("docs/configuration.md default of %s is %q, want %d", key, doc, v)
 		}
 	case float64:
 		if f, err := strconv.ParseFloat(doc, 64); err != nil || f != v {
@@ -109,23 +111,23 @@ func checkDefault(t *testing.T, key, doc string, def any) {
 		}
 	case bool:
 		if b, err := strconv.ParseBool(doc); err != nil || b != v {
-			t.Errorf("README default of %s is %q, want %t", key, doc, v)
+			t.Errorf("docs/configuration.md default of %s is %q, want %t", key, doc, v)
 		}
 	case string:
 		if v == "" && (key == "redis_ca_file" || key == "redis_tls_server_name") { // optional, no default
 			if !strings.HasPrefix(doc, "none") {
-				t.Errorf("README default of %s is %q, want none: ...", key, doc)
+				t.Errorf("docs/configuration.md default of %s is %q, want none: ...", key, doc)
 			}
 		} else if v == "" {
 			if doc != "(required)" {
-				t.Errorf("README default of %s is %q, want (required)", key, doc)
+				t.Errorf("docs/configuration.md default of %s is %q, want (required)", key, doc)
 			}
 		} else if doc != v {
-			t.Errorf("README default of %s is %q, want %q", key, doc, v)
+			t.Errorf("docs/configuration.md default of %s is %q, want %q", key, doc, v)
 		}
 	case *bool:
 		if v == nil || doc != strconv.FormatBool(*v) {
-			t.Errorf("README default of %s is %q, want %v", key, doc, v)
+			t.Errorf("docs/configuration.md default of %s is %q, want %v", key, doc, v)
 		}
 	default:
 		if !reflect.ValueOf(v).IsZero() {
