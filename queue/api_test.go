@@ -1,0 +1,35 @@
+package queue_test
+
+import (
+	"flag"
+	"testing"
+
+	"github.com/jobreaper/jobreaper/internal/apilist"
+)
+
+var updateAPI = flag.Bool("update", false, "rewrite testdata/api.golden with the package's exported API")
+
+// TestPublicAPI holds the exported API of queue, what a worker author reads
+// in go doc, to the reviewed list in testdata/api.golden: the start guard's and
+// the producer's calls, nothing of the daemon's.
+func TestPublicAPI(t *testing.T) {
+	got, err := apilist.List("github.com/jobreaper/jobreaper/queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const golden, how = "testdata/api.golden", "go test ./queue -run TestPublicAPI -update"
+	if *updateAPI {
+		if err := apilist.Write(got, golden, []string{
+			"The exported API of package queue, as its users see it: one name per line, sorted,",
+			"with its kind. TestPublicAPI compares it with the package; rewrite it with",
+			"  " + how,
+			"and let review see every name that comes or goes.",
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := apilist.Compare(got, golden, how); err != nil {
+		t.Error(err)
+	}
+}
