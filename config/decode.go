@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -249,7 +250,7 @@ func statements(val any) ([]string, error) {
 // through jobs.RedactURL, strings quoted.
 func display(s setting, val any) string {
 	if s.secret {
-		return jobs.RedactURL(fmt.Sprint(val))
+		return redact.URL(fmt.Sprint(val))
 	}
 	if str, ok := val.(string); ok {
 		return strconv.Quote(str)

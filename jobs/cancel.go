@@ -10,17 +10,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
-
-// ReasonCancelled is the failure code of a job an operator cancelled
-// (`jobreaper cancel`). Like the reaper's codes it is reserved: a worker's
-// Fail cannot store it, so the code always means an operator acted, and the
-// marker repair re-sets a cancelled job's marker like a reaped one's.
-const ReasonCancelled = "cancelled"
-
-// EventCancelled is the kind of the event Cancel writes, in the transaction
-// that failed the job; its detail is a CancelDetail.
-const EventCancelled = "cancelled"
 
 // MaxOperatorReasonLength bounds the --reason text of an operator command
 // (bytes): it is stored in the command's event, read by people, and never
@@ -108,17 +101,17 @@ RETURNING now()`
 // ended the transaction; a wrapped cascade or driver error otherwise
 // (nothing written).
 func (s *Store) Cancel(ctx context.Context, p CancelParams) (CancelResult, error) {
-	ctx, done := s.op(ctx, "Cancel")
-	if err := CheckID(p.JobID); err != nil {
+	ctx, done := s.core.Op(ctx, "Cancel")
+	if err := idcheck.CheckID(p.JobID); err != nil {
 		return CancelResult{}, done(err)
 	}
 	if err := CheckOperatorReason(p.Reason); err != nil {
 		return CancelResult{}, done(fmt.Errorf("job %s: %w", p.JobID, err))
 	}
 	var res CancelResult
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var ca cascadeArgs
-		err := tx.QueryRow(ctx, s.q(cancelReadSQL), p.JobID).Scan(&res.PreviousStatus, &res.Generation,
+	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
+		var ca pgcore.CascadeArgs
+		err := tx.QueryRow(ctx, s.core.Q(cancelReadSQL), p.JobID).Scan(&res.PreviousStatus, &res.Generation,
 			&ca.Type, &res.Queue, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("job %s: %w", p.JobID, ErrNotFound)
@@ -131,18 +124,18 @@ func (s *Store) Cancel(ctx context.Context, p CancelParams) (CancelResult, error
 			return fmt.Errorf("job %s is %s; only a QUEUED or PROCESSING job can be cancelled: %w",
 				p.JobID, res.PreviousStatus, ErrJobTerminal)
 		}
-		if err := tx.QueryRow(ctx, s.q(cancelSQL), p.JobID, res.PreviousStatus, res.Generation).Scan(&res.DBNow); err != nil {
+		if err := tx.QueryRow(ctx, s.core.Q(cancelSQL), p.JobID, res.PreviousStatus, res.Generation).Scan(&res.DBNow); err != nil {
 			return err
 		}
 		detail, err := json.Marshal(CancelDetail{Reason: p.Reason, PreviousStatus: res.PreviousStatus, Operator: p.Operator})
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, s.q(appendEventSQL), p.JobID, EventCancelled, res.Generation, "", jsonText(detail)); err != nil {
+		if err := s.core.AppendEvent(ctx, tx, p.JobID, EventCancelled, res.Generation, "", detail); err != nil {
 			return err
 		}
 		ca.JobID = p.JobID
-		return s.cascades.runFailed(ctx, tx, ca)
+		return s.core.RunFailed(ctx, tx, ca)
 	})
 	if errors.Is(err, ErrJobTerminal) {
 		return CancelResult{PreviousStatus: res.PreviousStatus, Generation: res.Generation, Type: res.Type, Queue: res.Queue}, done(err)

@@ -6,6 +6,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // SetBeforeReapCommit makes s call f in each of its reap transactions
@@ -15,9 +17,6 @@ func SetBeforeReapCommit(s *Store, f func()) { s.beforeReapCommit = f }
 
 // LeaderIdleBoundSQL exposes the reap transaction's idle bound statement.
 const LeaderIdleBoundSQL = leaderIdleBoundSQL
-
-// CheckTxOpen exposes checkTxOpen to the external tests.
-var CheckTxOpen = checkTxOpen
 
 // LatestVersion exposes latestVersion, the highest embedded migration.
 var LatestVersion = latestVersion
@@ -47,14 +46,15 @@ const (
 	MarkersFailedSQL  = markersFailedSQL
 	LostCandidatesSQL = lostCandidatesSQL
 	ReadStateSQL      = readStateSQL
-	PinPlansSQL       = pinPlansSQL
+	PinPlansSQL       = pgcore.PinPlansSQL
 )
 
 // Args exposes the stall rule's named arguments.
 func (r StallRule) Args() map[string]any { return r.args() }
 
-// Q exposes q: sql with {schema} rendered as the Store's schema.
-func (s *Store) Q(sql string) string { return s.q(sql) }
+// Q exposes the Store's Core.Q: sql with {schema} rendered as the Store's
+// schema.
+func (s *Store) Q(sql string) string { return s.core.Q(sql) }
 
 // The worker's statements by ID whose plans TestWorkerPlansHoldOnStaleStatistics checks.
 const (

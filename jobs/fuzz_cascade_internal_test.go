@@ -4,6 +4,8 @@ import (
 	"context"
 	"reflect"
 	"testing"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // FuzzCascadeRewrite holds the two ways a cascade statement's named
@@ -40,8 +42,8 @@ func FuzzCascadeRewrite(f *testing.F) {
 			}
 			return
 		}
-		a := cascadeArgs{JobID: jobID, Type: typ, ParentID: parentID, TenantID: tenantID}
-		wantSQL, wantArgs, err := a.named().RewriteQuery(context.Background(), nil, sql, nil)
+		a := pgcore.CascadeArgs{JobID: jobID, Type: typ, ParentID: parentID, TenantID: tenantID}
+		wantSQL, wantArgs, err := a.Named().RewriteQuery(context.Background(), nil, sql, nil)
 		if err != nil {
 			t.Fatalf("pgx's named rewrite of %q fails: %v", sql, err)
 		}

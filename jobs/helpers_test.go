@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -66,7 +67,7 @@ func queued(t *testing.T, db *jobstest.DB, store *jobs.Store, j jobstest.Job, wo
 func backdate(t *testing.T, db *jobstest.DB, id string, startedAgo, idleAgo time.Duration) {
 	t.Helper()
 	db.Exec(t, `UPDATE jobs SET started_at = now() - $2::interval, updated_at = now() - $3::interval WHERE id = $1`,
-		id, jobs.Interval(startedAgo), jobs.Interval(idleAgo))
+		id, pgcore.Interval(startedAgo), pgcore.Interval(idleAgo))
 }
 
 // reap does what the reaper does for one job: read the row, then reap with
@@ -190,3 +191,9 @@ func inTx(t *testing.T, db *jobstest.DB, fn func(tx pgx.Tx) error) error {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// checkMigrated is the start check of schema on pool, as the daemon and a
+// worker make it (Store.CheckSchema).
+func checkMigrated(ctx context.Context, pool jobs.DB, schema string) error {
+	return jobs.NewStore(pool, jobs.WithSchema(schema)).CheckSchema(ctx)
+}

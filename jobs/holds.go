@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // Hold is a row of reaper_holds: a stall-storm hold on some queues. While
@@ -71,10 +73,10 @@ func (s *Store) StartHold(ctx context.Context, p StartHoldParams) (Hold, error) 
 		return Hold{}, fmt.Errorf("jobs.StartHold: %w: a hold needs a queue and a duration of 0 or more (queues %d, for %s)",
 			ErrInvalidArgument, len(p.Queues), p.For)
 	}
-	ctx, done := s.op(ctx, "StartHold")
-	rows, err := s.db.Query(ctx, s.q(startHoldSQL), pgx.NamedArgs{
+	ctx, done := s.core.Op(ctx, "StartHold")
+	rows, err := s.core.DB().Query(ctx, s.core.Q(startHoldSQL), pgx.NamedArgs{
 		"queues": sortedSet(p.Queues), "types": sortedSet(p.Types), "held": p.Held, "judged": p.Judged,
-		"tripped": p.Tripped, "for": Interval(p.For),
+		"tripped": p.Tripped, "for": pgcore.Interval(p.For),
 	})
 	if err != nil {
 		return Hold{}, done(err)
@@ -96,11 +98,11 @@ SELECT ` + holdColumns + `
 // whose end a pass has still to act on, in ID order. It returns a wrapped
 // driver error when PostgreSQL fails.
 func (s *Store) OpenHolds(ctx context.Context, queues []string) ([]Hold, error) {
-	ctx, done := s.op(ctx, "OpenHolds")
+	ctx, done := s.core.Op(ctx, "OpenHolds")
 	if queues == nil {
 		queues = []string{}
 	}
-	rows, err := s.db.Query(ctx, s.q(openHoldsSQL), pgx.NamedArgs{"queues": queues})
+	rows, err := s.core.DB().Query(ctx, s.core.Q(openHoldsSQL), pgx.NamedArgs{"queues": queues})
 	if err != nil {
 		return nil, done(err)
 	}
@@ -129,8 +131,8 @@ func (s *Store) DrainHolds(ctx context.Context, ids []int64, queues []string, no
 	if len(ids) == 0 || len(queues) == 0 {
 		return nil
 	}
-	ctx, done := s.op(ctx, "DrainHolds")
-	_, err := s.db.Exec(ctx, s.q(drainHoldsSQL), pgx.NamedArgs{"ids": ids, "queues": queues, "now": now})
+	ctx, done := s.core.Op(ctx, "DrainHolds")
+	_, err := s.core.DB().Exec(ctx, s.core.Q(drainHoldsSQL), pgx.NamedArgs{"ids": ids, "queues": queues, "now": now})
 	return done(err)
 }
 
@@ -161,12 +163,12 @@ func (s *Store) ReleaseHolds(ctx context.Context, p ReleaseHoldsParams) ([]Hold,
 	if err := CheckOperatorReason(p.Reason); err != nil {
 		return nil, fmt.Errorf("jobs.ReleaseHolds: %w", err)
 	}
-	ctx, done := s.op(ctx, "ReleaseHolds")
+	ctx, done := s.core.Op(ctx, "ReleaseHolds")
 	queues := p.Queues
 	if queues == nil {
 		queues = []string{}
 	}
-	rows, err := s.db.Query(ctx, s.q(releaseHoldsSQL), pgx.NamedArgs{"queues": queues, "by": p.By, "reason": p.Reason})
+	rows, err := s.core.DB().Query(ctx, s.core.Q(releaseHoldsSQL), pgx.NamedArgs{"queues": queues, "by": p.By, "reason": p.Reason})
 	if err != nil {
 		return nil, done(err)
 	}

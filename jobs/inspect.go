@@ -9,6 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // Record is one job's whole story as PostgreSQL holds it: the row, its
@@ -64,7 +67,7 @@ type EventRecord struct {
 	Detail     json.RawMessage `json:"detail"`
 }
 
-const inspectRowSQL = `SELECT ` + snapshotColumns + `
+const inspectRowSQL = `SELECT ` + pgcore.SnapshotColumns + `
   FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.id = $1`
 
@@ -96,17 +99,17 @@ SELECT kind, at, generation, coalesce(worker, ''), detail::text, total FROM (
 // ErrNotFound when no row has the ID; a wrapped driver error or the
 // operation's timeout otherwise.
 func (s *Store) Inspect(ctx context.Context, id string, batches, events int) (Record, error) {
-	ctx, done := s.op(ctx, "Inspect")
-	if err := CheckID(id); err != nil {
+	ctx, done := s.core.Op(ctx, "Inspect")
+	if err := idcheck.CheckID(id); err != nil {
 		return Record{}, done(err)
 	}
 	var rec Record
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, s.q(inspectRowSQL), id)
+	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, s.core.Q(inspectRowSQL), id)
 		if err != nil {
 			return err
 		}
-		rec.Snapshot, err = pgx.CollectExactlyOneRow(rows, scanSnapshot)
+		rec.Snapshot, err = pgx.CollectExactlyOneRow(rows, pgcore.ScanSnapshot)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("job %s: %w", id, ErrNotFound)
 		}
@@ -114,13 +117,13 @@ func (s *Store) Inspect(ctx context.Context, id string, batches, events int) (Re
 			return err
 		}
 		var runtime, idle pgtype.Interval
-		if err := tx.QueryRow(ctx, s.q(inspectExtraSQL), id).Scan(&rec.TenantID, &rec.Cursor, &rec.Total,
+		if err := tx.QueryRow(ctx, s.core.Q(inspectExtraSQL), id).Scan(&rec.TenantID, &rec.Cursor, &rec.Total,
 			&rec.CreatedAt, &rec.FinishedAt, &rec.MarkerSetAt, &rec.DBNow, &runtime, &idle); err != nil {
 			return err
 		}
-		rec.Runtime = optionalDuration(runtime)
-		rec.Idle = IntervalDuration(idle)
-		rows, err = tx.Query(ctx, s.q(inspectBatchesSQL), id, batches)
+		rec.Runtime = pgcore.OptionalDuration(runtime)
+		rec.Idle = pgcore.IntervalDuration(idle)
+		rows, err = tx.Query(ctx, s.core.Q(inspectBatchesSQL), id, batches)
 		if err != nil {
 			return err
 		}
@@ -132,12 +135,12 @@ func (s *Store) Inspect(ctx context.Context, id string, batches, events int) (Re
 			return err
 		}
 		if rec.BatchCount == 0 {
-			err = tx.QueryRow(ctx, s.q(`SELECT count(*) FROM {schema}.job_batches WHERE job_id = $1`), id).Scan(&rec.BatchCount)
+			err = tx.QueryRow(ctx, s.core.Q(`SELECT count(*) FROM {schema}.job_batches WHERE job_id = $1`), id).Scan(&rec.BatchCount)
 			if err != nil {
 				return err
 			}
 		}
-		rows, err = tx.Query(ctx, s.q(inspectEventsSQL), id, events)
+		rows, err = tx.Query(ctx, s.core.Q(inspectEventsSQL), id, events)
 		if err != nil {
 			return err
 		}
@@ -154,7 +157,7 @@ func (s *Store) Inspect(ctx context.Context, id string, batches, events int) (Re
 			return err
 		}
 		if rec.EventCount == 0 {
-			return tx.QueryRow(ctx, s.q(`SELECT count(*) FROM {schema}.job_events WHERE job_id = $1`), id).Scan(&rec.EventCount)
+			return tx.QueryRow(ctx, s.core.Q(`SELECT count(*) FROM {schema}.job_events WHERE job_id = $1`), id).Scan(&rec.EventCount)
 		}
 		return nil
 	})

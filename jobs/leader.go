@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // ErrLeaderLeaseLost: a reap transaction's last check found that this
@@ -141,7 +143,7 @@ SELECT false, holder_id, holder_host, holder_pid, holder_started_at, settings::t
 // lease then stays as it was: a holder that cannot renew loses it at
 // expiry).
 func (s *Store) AcquireLeaderLease(ctx context.Context, p LeaderLeaseParams) (LeaderLeaseState, error) {
-	ctx, done := s.op(ctx, "AcquireLeaderLease")
+	ctx, done := s.core.Op(ctx, "AcquireLeaderLease")
 	var st LeaderLeaseState
 	switch {
 	case p.Key == "" || p.Holder.ID == "":
@@ -158,9 +160,9 @@ func (s *Store) AcquireLeaderLease(ctx context.Context, p LeaderLeaseParams) (Le
 		return st, done(fmt.Errorf("leader lease settings are not a JSON object: %w", ErrInvalidArgument))
 	}
 	var text string
-	err := s.db.QueryRow(ctx, s.q(acquireLeaderLeaseSQL), pgx.NamedArgs{
+	err := s.core.DB().QueryRow(ctx, s.core.Q(acquireLeaderLeaseSQL), pgx.NamedArgs{
 		"key": p.Key, "id": p.Holder.ID, "host": p.Holder.Host, "pid": p.Holder.PID,
-		"started_at": p.Holder.StartedAt, "ttl": Interval(p.TTL), "settings": string(settings),
+		"started_at": p.Holder.StartedAt, "ttl": pgcore.Interval(p.TTL), "settings": string(settings),
 	}).Scan(&st.Held, &st.Holder.ID, &st.Holder.Host, &st.Holder.PID, &st.Holder.StartedAt, &text,
 		&st.AcquiredAt, &st.RenewedAt, &st.ExpiresAt, &st.DBNow)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -178,8 +180,8 @@ func (s *Store) AcquireLeaderLease(ctx context.Context, p LeaderLeaseParams) (Le
 // the expiry (a clean exit). It changes nothing when another replica holds
 // it. It returns a wrapped driver error or the operation's timeout.
 func (s *Store) ReleaseLeaderLease(ctx context.Context, key, holderID string) error {
-	ctx, done := s.op(ctx, "ReleaseLeaderLease")
-	_, err := s.db.Exec(ctx, s.q(`DELETE FROM {schema}.leader_leases WHERE key = $1 AND holder_id = $2`), key, holderID)
+	ctx, done := s.core.Op(ctx, "ReleaseLeaderLease")
+	_, err := s.core.DB().Exec(ctx, s.core.Q(`DELETE FROM {schema}.leader_leases WHERE key = $1 AND holder_id = $2`), key, holderID)
 	return done(err)
 }
 
@@ -250,13 +252,13 @@ SELECT set_config('idle_in_transaction_session_timeout',
 // leaderIdleBound returns the statement that bounds a reap transaction's
 // idle time, for the pipeline of its first statements; nothing without a
 // leader lease.
-func (s *Store) leaderIdleBound() []before {
+func (s *Store) leaderIdleBound() []pgcore.Before {
 	if s.leader == nil {
 		return nil
 	}
 	bound := cmp.Or(s.leaderTTL, leaderIdleBoundDefault)
 	ms := (bound + time.Millisecond - 1) / time.Millisecond // 0 would turn the bound off
-	return []before{{leaderIdleBoundSQL, []any{int64(ms)}}}
+	return []pgcore.Before{{SQL: leaderIdleBoundSQL, Args: []any{int64(ms)}}}
 }
 
 // checkLeaderLeaseSQL is the reap transaction's leader lease check. FOR
@@ -278,7 +280,7 @@ func (s *Store) checkLeaderLease(ctx context.Context, tx pgx.Tx) error {
 		return nil
 	}
 	var held bool
-	if err := tx.QueryRow(ctx, s.q(checkLeaderLeaseSQL), s.leader.key, s.leader.holderID).Scan(&held); err != nil {
+	if err := tx.QueryRow(ctx, s.core.Q(checkLeaderLeaseSQL), s.leader.key, s.leader.holderID).Scan(&held); err != nil {
 		return fmt.Errorf("checking the leader lease before COMMIT: %w", err)
 	}
 	if !held {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // LostCandidatesLimitDefault bounds how many rows one ListLostCandidates
@@ -25,7 +27,7 @@ const LostCandidatesLimitDefault = 500
 // Rows whose timestamps are infinite (never stalled by the rule) are
 // returned too, so that the caller counts them as bad rows instead of
 // never seeing them.
-const lostCandidatesSQL = `SELECT ` + snapshotColumns + `
+const lostCandidatesSQL = `SELECT ` + pgcore.SnapshotColumns + `
   FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.status = 'PROCESSING'
    AND j.queue = ANY(@queues::text[])
@@ -70,7 +72,7 @@ type LostCursor struct {
 // after page, so they never hide the rows behind them.
 // It returns a wrapped driver error when PostgreSQL fails.
 func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) ([]Snapshot, error) {
-	ctx, done := s.op(ctx, "ListLostCandidates")
+	ctx, done := s.core.Op(ctx, "ListLostCandidates")
 	if len(p.Queues) == 0 {
 		return nil, done(nil)
 	}
@@ -91,11 +93,11 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 	}
 	var out []Snapshot
 	for {
-		rows, _, err := pinnedQuery(ctx, s.db, s.q(lostCandidatesSQL), args)
+		rows, _, err := pgcore.PinnedQuery(ctx, s.core.DB(), s.core.Q(lostCandidatesSQL), args)
 		if err != nil {
 			return nil, done(err)
 		}
-		page, err := pgx.CollectRows(rows, scanSnapshot)
+		page, err := pgx.CollectRows(rows, pgcore.ScanSnapshot)
 		if err != nil {
 			return nil, done(err)
 		}
@@ -111,7 +113,7 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 			return out, done(nil)
 		}
 		last := page[len(page)-1]
-		args["after_updated_at"], args["after_id"] = last.updatedKey, last.ID
+		args["after_updated_at"], args["after_id"] = pgcore.UpdatedKey(last), last.ID
 	}
 }
 
@@ -134,8 +136,8 @@ SELECT queue FROM q WHERE queue IS NOT NULL`
 // longer lists them (its data was lost). It returns a wrapped driver error
 // when PostgreSQL fails.
 func (s *Store) ProcessingQueues(ctx context.Context) ([]string, error) {
-	ctx, done := s.op(ctx, "ProcessingQueues")
-	rows, err := s.db.Query(ctx, s.q(processingQueuesSQL))
+	ctx, done := s.core.Op(ctx, "ProcessingQueues")
+	rows, err := s.core.DB().Query(ctx, s.core.Q(processingQueuesSQL))
 	if err != nil {
 		return nil, done(err)
 	}
@@ -157,10 +159,10 @@ const noQueueSQL = `SELECT j.id
 // looked up, so they are never reconciled, only counted. It returns a
 // wrapped driver error when PostgreSQL fails.
 func (s *Store) StalledWithoutQueue(ctx context.Context, rule StallRule, limit int) ([]string, error) {
-	ctx, done := s.op(ctx, "StalledWithoutQueue")
+	ctx, done := s.core.Op(ctx, "StalledWithoutQueue")
 	args := rule.args()
 	args["limit"] = limit
-	rows, err := s.db.Query(ctx, s.q(noQueueSQL), args)
+	rows, err := s.core.DB().Query(ctx, s.core.Q(noQueueSQL), args)
 	if err != nil {
 		return nil, done(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // MarkerRepairLimitDefault bounds how many markers one ListMissingMarkers
@@ -64,7 +66,7 @@ UPDATE {schema}.jobs j SET marker_set_at = now()
 // nothing when the row has moved on (another generation, not FAILED).
 // It returns a wrapped driver error when PostgreSQL fails.
 func (s *Store) MarkMarkerSet(ctx context.Context, jobID string, generation int64) error {
-	ctx, done := s.op(ctx, "MarkMarkerSet")
+	ctx, done := s.core.Op(ctx, "MarkMarkerSet")
 	return done(s.markMarkersSet(ctx, []MarkerRef{{JobID: jobID, Generation: generation}}))
 }
 
@@ -72,12 +74,12 @@ func (s *Store) MarkMarkerSet(ctx context.Context, jobID string, generation int6
 // written (see MarkMarkerSet); the reaper calls it once per batch of
 // reaps. It returns a wrapped driver error when PostgreSQL fails.
 func (s *Store) MarkMarkersSet(ctx context.Context, refs []MarkerRef) error {
-	ctx, done := s.op(ctx, "MarkMarkersSet")
+	ctx, done := s.core.Op(ctx, "MarkMarkersSet")
 	return done(s.markMarkersSet(ctx, refs))
 }
 
 func (s *Store) markMarkersSet(ctx context.Context, refs []MarkerRef) error {
-	return s.markMarkers(ctx, s.q(markersSetSQL), refs)
+	return s.markMarkers(ctx, s.core.Q(markersSetSQL), refs)
 }
 
 // markersFailedSQL clears marker_set_at of reaps whose marker write
@@ -96,8 +98,8 @@ UPDATE {schema}.jobs j SET marker_set_at = NULL
 // PostgreSQL fails; the markers are then restored by the re-assertion of
 // the markers of the last 7 days instead.
 func (s *Store) MarkMarkersFailed(ctx context.Context, refs []MarkerRef) error {
-	ctx, done := s.op(ctx, "MarkMarkersFailed")
-	return done(s.markMarkers(ctx, s.q(markersFailedSQL), refs))
+	ctx, done := s.core.Op(ctx, "MarkMarkersFailed")
+	return done(s.markMarkers(ctx, s.core.Q(markersFailedSQL), refs))
 }
 
 // markMarkers runs sql, a rendered markers statement, for refs.
@@ -109,7 +111,7 @@ func (s *Store) markMarkers(ctx context.Context, sql string, refs []MarkerRef) e
 	for i, r := range refs {
 		ids[i], gens[i] = r.JobID, r.Generation
 	}
-	return pinnedExec(ctx, s.db, sql, pgx.NamedArgs{"ids": ids, "generations": gens})
+	return pgcore.PinnedExec(ctx, s.core.DB(), sql, pgx.NamedArgs{"ids": ids, "generations": gens})
 }
 
 // ListMissingMarkers returns reaped jobs (failure_reason stalled or
@@ -119,15 +121,15 @@ func (s *Store) markMarkers(ctx context.Context, sql string, refs []MarkerRef) e
 // (the pass's), the clock finished_at was written by. It returns a wrapped
 // driver error when PostgreSQL fails.
 func (s *Store) ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]MissingMarker, error) {
-	ctx, done := s.op(ctx, "ListMissingMarkers")
+	ctx, done := s.core.Op(ctx, "ListMissingMarkers")
 	if limit <= 0 {
 		limit = MarkerRepairLimitDefault
 	}
-	rows, err := s.db.Query(ctx, s.q(`SELECT id, generation, finished_at FROM {schema}.jobs
+	rows, err := s.core.DB().Query(ctx, s.core.Q(`SELECT id, generation, finished_at FROM {schema}.jobs
  WHERE status = 'FAILED' AND marker_set_at IS NULL AND failure_reason IN ('stalled', 'lost_task', 'cancelled')
    AND finished_at > $1::timestamptz - $2::interval AND finished_at < 'infinity'
  ORDER BY finished_at, id
- LIMIT $3`), now, Interval(within), limit)
+ LIMIT $3`), now, pgcore.Interval(within), limit)
 	if err != nil {
 		return nil, done(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // ConnWatch notes, for the reaper daemon's outage grace, when the
@@ -59,7 +61,7 @@ func (w *ConnWatch) note(err error) {
 	switch {
 	case err == nil:
 		w.good()
-	case connectionLost(err):
+	case pgcore.ConnectionLost(err):
 		w.fail()
 	}
 }
@@ -147,7 +149,7 @@ func (w *ConnWatch) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Trac
 // TraceBatchQuery implements pgx.BatchTracer: a statement of a batch that
 // lost its connection is a failure (the batch's end reports it too).
 func (w *ConnWatch) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if connectionLost(data.Err) {
+	if pgcore.ConnectionLost(data.Err) {
 		w.fail()
 	}
 }
@@ -288,16 +290,16 @@ var (
 // It returns a wrapped driver error when PostgreSQL fails (a role without
 // the grants of deploy/sql/roles.sql on reaper_outages, among others).
 func (s *Store) PassClock(ctx context.Context, p PassClockParams) (PassClock, error) {
-	ctx, done := s.op(ctx, "PassClock")
+	ctx, done := s.core.Op(ctx, "PassClock")
 	var c PassClock
 	if !p.Grace {
-		err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&c.Now)
+		err := s.core.DB().QueryRow(ctx, `SELECT now()`).Scan(&c.Now)
 		return c, done(err)
 	}
 	seq, ago, lost := s.watch.pending()
-	args := pgx.NamedArgs{"lost": lost, "lost_ago": Interval(ago), "record": p.Record, "recorded_by": p.RecordedBy}
+	args := pgx.NamedArgs{"lost": lost, "lost_ago": pgcore.Interval(ago), "record": p.Record, "recorded_by": p.RecordedBy}
 	read := func(sql string) error {
-		return s.db.QueryRow(ctx, s.q(sql), args).Scan(&c.Now, &c.OutageEnd, &c.Cause)
+		return s.core.DB().QueryRow(ctx, s.core.Q(sql), args).Scan(&c.Now, &c.OutageEnd, &c.Cause)
 	}
 	var err error
 	if s.noTimeline.Load() {

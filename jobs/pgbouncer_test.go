@@ -205,10 +205,10 @@ func TestPooledStartUpCheckRefusesAWrongSchemaName(t *testing.T) {
 			t.Fatalf("CheckSchema error %q does not say %q", err, want)
 		}
 	}
-	if err := jobs.CheckMigrated(ctx, pool, wrong); !errors.Is(err, jobs.ErrNotMigrated) {
+	if err := checkMigrated(ctx, pool, wrong); !errors.Is(err, jobs.ErrNotMigrated) {
 		t.Fatalf("CheckMigrated(%s) = %v, want ErrNotMigrated (the daemon's check)", wrong, err)
 	}
-	if err := jobs.CheckMigrated(ctx, pool, pooledSchema); err != nil {
+	if err := checkMigrated(ctx, pool, pooledSchema); err != nil {
 		t.Fatalf("CheckMigrated(%s) = %v, want nil", pooledSchema, err)
 	}
 }

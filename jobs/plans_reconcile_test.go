@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -27,8 +28,8 @@ func TestReconcilePlansUseTheirIndexes(t *testing.T) {
 SELECT 'w' || lpad(i::text, 6, '0'), 'report.export', 'QUEUED', 'q' || (i % 10), now() - (i * interval '1 second')
   FROM generate_series(1, 20000) AS i`)
 			now := time.Now()
-			reaped := pgx.NamedArgs{"now": now, "within": jobs.Interval(7 * 24 * time.Hour), "after_at": "-infinity", "after_id": "", "limit": 1000}
-			stale := pgx.NamedArgs{"default_queue": jobs.QueueDefault, "older": jobs.Interval(time.Hour), "after_updated_at": "-infinity",
+			reaped := pgx.NamedArgs{"now": now, "within": pgcore.Interval(7 * 24 * time.Hour), "after_at": "-infinity", "after_id": "", "limit": 1000}
+			stale := pgx.NamedArgs{"default_queue": jobs.QueueDefault, "older": pgcore.Interval(time.Hour), "after_updated_at": "-infinity",
 				"after_id": "", "queues": []string{}, "limit": 1000}
 			noQueue := pgx.NamedArgs(rule.Args())
 			noQueue["limit"] = 10000

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // PruneMinAge is the least age Prune accepts: 8 days. A reaped or cancelled
@@ -93,20 +95,20 @@ func (s *Store) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 	if batch <= 0 || batch > PruneBatchSize {
 		batch = PruneBatchSize
 	}
-	cctx, done := s.op(ctx, "Prune")
-	err := s.db.QueryRow(cctx, pruneCutoffSQL, Interval(p.OlderThan)).Scan(&res.Cutoff)
+	cctx, done := s.core.Op(ctx, "Prune")
+	err := s.core.DB().QueryRow(cctx, pruneCutoffSQL, pgcore.Interval(p.OlderThan)).Scan(&res.Cutoff)
 	if err = done(err); err != nil {
 		return res, err
 	}
 	if p.DryRun {
-		cctx, done := s.op(ctx, "Prune")
-		err := s.db.QueryRow(cctx, s.q(pruneCountSQL), res.Cutoff).Scan(&res.Events, &res.Batches)
+		cctx, done := s.core.Op(ctx, "Prune")
+		err := s.core.DB().QueryRow(cctx, s.core.Q(pruneCountSQL), res.Cutoff).Scan(&res.Events, &res.Batches)
 		return res, done(err)
 	}
 	err = s.pruneDelete(ctx, &res, batch)
 	// Recorded even when ctx was cancelled: what was deleted stays so.
-	rctx, done := s.op(context.WithoutCancel(ctx), "Prune")
-	_, rerr := s.db.Exec(rctx, s.q(pruneRecordSQL), Interval(p.OlderThan), res.Cutoff, res.Events, res.Batches, err == nil, p.Operator)
+	rctx, done := s.core.Op(context.WithoutCancel(ctx), "Prune")
+	_, rerr := s.core.DB().Exec(rctx, s.core.Q(pruneRecordSQL), pgcore.Interval(p.OlderThan), res.Cutoff, res.Events, res.Batches, err == nil, p.Operator)
 	if rerr = done(rerr); rerr != nil {
 		rerr = fmt.Errorf("recording the run in prune_runs (what was deleted stays deleted): %w", rerr)
 	}
@@ -118,10 +120,10 @@ func (s *Store) pruneDelete(ctx context.Context, res *PruneResult, batch int) er
 	for _, step := range []struct {
 		sql   string
 		count *int64
-	}{{s.q(pruneEventsSQL), &res.Events}, {s.q(pruneBatchesSQL), &res.Batches}} {
+	}{{s.core.Q(pruneEventsSQL), &res.Events}, {s.core.Q(pruneBatchesSQL), &res.Batches}} {
 		for {
-			cctx, done := s.op(ctx, "Prune")
-			tag, err := s.db.Exec(cctx, step.sql, res.Cutoff, batch)
+			cctx, done := s.core.Op(ctx, "Prune")
+			tag, err := s.core.DB().Exec(cctx, step.sql, res.Cutoff, batch)
 			if err = done(err); err != nil {
 				return err
 			}

@@ -7,23 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-)
 
-// Failure reasons: fixed codes stored in jobs.failure_reason, never error
-// text.
-const (
-	// ReasonStalled: reaped because runtime exceeded the type's max_runtime
-	// and the job made no progress for the stall timeout.
-	ReasonStalled = "stalled"
-	// ReasonLostTask: reaped because asynq will never run the job's task
-	// again (archived, completed or gone) while the row said PROCESSING.
-	ReasonLostTask = "lost_task"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
-
-// HardTimeoutDefault is the hard_timeout of a job type whose column is NULL:
-// the asynq Timeout the enqueue helper passes, a ceiling beyond which asynq
-// cancels and retries a task whatever its progress.
-const HardTimeoutDefault = 24 * time.Hour
 
 // StallRule holds the daemon-wide values the stall predicate needs besides
 // the job_types row.
@@ -62,9 +48,9 @@ func (r StallRule) InMicroseconds() StallRule {
 
 func (r StallRule) args() pgx.NamedArgs {
 	return pgx.NamedArgs{
-		"default_stall": Interval(r.DefaultStallTimeout),
-		"min_stall":     Interval(r.MinStallTimeout),
-		"default_hard":  Interval(r.DefaultHardTimeout),
+		"default_stall": pgcore.Interval(r.DefaultStallTimeout),
+		"min_stall":     pgcore.Interval(r.MinStallTimeout),
+		"default_hard":  pgcore.Interval(r.DefaultHardTimeout),
 		"outage_end":    outageEndArg(r.OutageEnd),
 	}
 }
@@ -180,7 +166,7 @@ func (e Evidence) detail() ([]byte, error) {
 // ended the transaction, so the UPDATE, the event and the cascade did not
 // commit together.
 func (s *Store) Reap(ctx context.Context, p ReapParams) (reaped bool, ev Evidence, err error) {
-	ctx, done := s.op(ctx, "Reap")
+	ctx, done := s.core.Op(ctx, "Reap")
 	res, err := s.reapBatch(ctx, ReapBatchParams{
 		Candidates: []ReapCandidate{{JobID: p.JobID, Generation: p.Generation, UpdatedAt: p.UpdatedAt}},
 		Reason:     p.Reason, Rule: p.Rule,

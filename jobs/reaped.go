@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // MarkerReasons are the failure reasons whose jobs have a marker: the
@@ -69,7 +71,7 @@ func (p ReapedParams) args() pgx.NamedArgs {
 	if p.After.ReapedAt.IsZero() {
 		after = "-infinity"
 	}
-	return pgx.NamedArgs{"now": p.Now, "within": Interval(p.Within), "after_at": after, "after_id": p.After.ID, "limit": p.Limit}
+	return pgx.NamedArgs{"now": p.Now, "within": pgcore.Interval(p.Within), "after_at": after, "after_id": p.After.ID, "limit": p.Limit}
 }
 
 // ListReaped returns one page of the jobs FAILED with a reason in
@@ -81,8 +83,8 @@ func (s *Store) ListReaped(ctx context.Context, p ReapedParams) ([]Reaped, error
 	if p.Limit < 1 {
 		return nil, fmt.Errorf("jobs.ListReaped: %w: limit %d", ErrInvalidArgument, p.Limit)
 	}
-	ctx, done := s.op(ctx, "ListReaped")
-	rows, err := s.db.Query(ctx, s.q(reapedSQL), p.args())
+	ctx, done := s.core.Op(ctx, "ListReaped")
+	rows, err := s.core.DB().Query(ctx, s.core.Q(reapedSQL), p.args())
 	if err != nil {
 		return nil, done(err)
 	}
@@ -97,8 +99,8 @@ func (s *Store) ListReaped(ctx context.Context, p ReapedParams) ([]Reaped, error
 // ignoring p.Limit. It returns a wrapped driver error when PostgreSQL
 // fails.
 func (s *Store) CountReaped(ctx context.Context, p ReapedParams) (int, error) {
-	ctx, done := s.op(ctx, "CountReaped")
+	ctx, done := s.core.Op(ctx, "CountReaped")
 	var n int
-	err := s.db.QueryRow(ctx, s.q(reapedCountSQL), p.args()).Scan(&n)
+	err := s.core.DB().QueryRow(ctx, s.core.Q(reapedCountSQL), p.args()).Scan(&n)
 	return n, done(err)
 }

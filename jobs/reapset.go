@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/jobreaper/jobreaper/internal/failpoint"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // ReapBatchSize is the most candidates one ReapBatch transaction names. It
@@ -152,7 +153,7 @@ SELECT e.id, 'reaped', e.generation, nullif(e.worker, ''), e.detail::jsonb
 // ErrInvalidArgument for more than ReapBatchSize candidates; a wrapped
 // driver or cascade error otherwise.
 func (s *Store) ReapBatch(ctx context.Context, p ReapBatchParams) (ReapBatchResult, error) {
-	ctx, done := s.op(ctx, "ReapBatch")
+	ctx, done := s.core.Op(ctx, "ReapBatch")
 	res, err := s.reapBatch(ctx, p)
 	return res, done(err)
 }
@@ -189,11 +190,11 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 	}
 	args := p.Rule.args()
 	args["ids"], args["generations"], args["updated_ats"], args["reason"] = ids, gens, upd, p.Reason
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
+	err = s.core.InTx(ctx, func(tx pgx.Tx) error {
 		// The idle bound, when there is a leader lease, rides in the same
 		// pipeline as the row locks and the UPDATE.
-		pre := append(s.leaderIdleBound(), before{s.q(reapLockSQL), []any{pgx.NamedArgs{"ids": ids}}})
-		rows, saved, err := pinnedQuery(ctx, tx, s.q(reapBatchSQL), args, pre...)
+		pre := append(s.leaderIdleBound(), pgcore.Before{SQL: s.core.Q(reapLockSQL), Args: []any{pgx.NamedArgs{"ids": ids}}})
+		rows, saved, err := pgcore.PinnedQuery(ctx, tx, s.core.Q(reapBatchSQL), args, pre...)
 		if err != nil {
 			return err
 		}
@@ -251,8 +252,8 @@ func scanReaped(row pgx.CollectableRow, reason string) (ReapedJob, error) {
 	err := row.Scan(&r.JobID, &ev.Generation, &ev.Worker, &r.Type, &parent, &tenant,
 		&ev.StartedAt, &ev.UpdatedAt, &runtime, &idle, &maxRun, &stallTO, &ev.DBNow)
 	ev.Reason = reason
-	ev.Runtime, ev.Idle = IntervalDuration(runtime), IntervalDuration(idle)
-	ev.MaxRuntime, ev.StallTimeout = IntervalDuration(maxRun), IntervalDuration(stallTO)
+	ev.Runtime, ev.Idle = pgcore.IntervalDuration(runtime), pgcore.IntervalDuration(idle)
+	ev.MaxRuntime, ev.StallTimeout = pgcore.IntervalDuration(maxRun), pgcore.IntervalDuration(stallTO)
 	r.parentID, r.tenantID = parent, tenant
 	return r, err
 }
@@ -260,7 +261,7 @@ func scanReaped(row pgx.CollectableRow, reason string) (ReapedJob, error) {
 // reapFollowUps sends, in one pipeline, the reaped events of the batch and
 // each reaped row's on_failed cascade in ID order. When a cascade statement
 // fails it returns that row's ID with the error.
-func (s *Store) reapFollowUps(ctx context.Context, tx pgx.Tx, reaped []ReapedJob, saved savedPlans) (failedAt string, err error) {
+func (s *Store) reapFollowUps(ctx context.Context, tx pgx.Tx, reaped []ReapedJob, saved pgcore.SavedPlans) (failedAt string, err error) {
 	n := len(reaped)
 	ids, gens, workers, details := make([]string, n), make([]int64, n), make([]string, n), make([]string, n)
 	for i, r := range reaped {
@@ -271,26 +272,26 @@ func (s *Store) reapFollowUps(ctx context.Context, tx pgx.Tx, reaped []ReapedJob
 		ids[i], gens[i], workers[i], details[i] = r.JobID, r.Evidence.Generation, r.Evidence.Worker, string(d)
 	}
 	batch := &pgx.Batch{}
-	batch.Queue(restorePlansSQL, saved.seqscan, saved.nestloop, saved.cacheMode)
-	batch.Queue(s.q(reapEventsSQL), pgx.NamedArgs{"ids": ids, "generations": gens, "workers": workers, "details": details})
+	batch.Queue(pgcore.RestorePlansSQL, saved.Seqscan, saved.Nestloop, saved.CacheMode)
+	batch.Queue(s.core.Q(reapEventsSQL), pgx.NamedArgs{"ids": ids, "generations": gens, "workers": workers, "details": details})
 	type step struct {
 		jobID string
-		stmt  cascadeStatement
+		stmt  pgcore.CascadeStatement
 	}
 	var steps []step
 	positional := map[string]positionalCascade{}
 	for _, r := range reaped {
-		a := cascadeArgs{JobID: r.JobID, Type: r.Type, ParentID: r.parentID, TenantID: r.tenantID}
-		for i, sql := range s.cascades[r.Type].OnFailed {
+		a := pgcore.CascadeArgs{JobID: r.JobID, Type: r.Type, ParentID: r.parentID, TenantID: r.tenantID}
+		for i, sql := range s.core.Cascades()[r.Type].OnFailed {
 			pc, ok := positional[sql]
 			if !ok {
 				if pc, err = rewriteCascade(ctx, sql); err != nil {
-					return "", fmt.Errorf("job %s: %s: %w", r.JobID, cascadeStatement{typ: r.Type, hook: HookOnFailed, n: i + 1, sql: sql}, err)
+					return "", fmt.Errorf("job %s: %s: %w", r.JobID, pgcore.CascadeStatement{Type: r.Type, Hook: HookOnFailed, N: i + 1, SQL: sql}, err)
 				}
 				positional[sql] = pc
 			}
 			batch.Queue(pc.sql, pc.args(a)...)
-			steps = append(steps, step{r.JobID, cascadeStatement{typ: r.Type, hook: HookOnFailed, n: i + 1, sql: sql}})
+			steps = append(steps, step{r.JobID, pgcore.CascadeStatement{Type: r.Type, Hook: HookOnFailed, N: i + 1, SQL: sql}})
 		}
 	}
 	br := tx.SendBatch(ctx, batch)
@@ -358,7 +359,7 @@ func rewriteCascade(ctx context.Context, sql string) (positionalCascade, error) 
 }
 
 // args returns a's values in pc's positional order.
-func (pc positionalCascade) args(a cascadeArgs) []any {
+func (pc positionalCascade) args(a pgcore.CascadeArgs) []any {
 	out := make([]any, len(pc.names))
 	for i, n := range pc.names {
 		switch n {
@@ -367,9 +368,9 @@ func (pc positionalCascade) args(a cascadeArgs) []any {
 		case "type":
 			out[i] = a.Type
 		case "parent_id":
-			out[i] = nullable(a.ParentID)
+			out[i] = pgcore.Nullable(a.ParentID)
 		case "tenant_id":
-			out[i] = nullable(a.TenantID)
+			out[i] = pgcore.Nullable(a.TenantID)
 		}
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -88,21 +89,21 @@ func TestReliabilityBadInput_JobIDs(t *testing.T) {
 	kept := db.Read(t, `row "kept" {as is}`)
 	for name, op := range ops {
 		for _, id := range ids {
-			t.Run(name+"/"+jobs.QuoteID(id), func(t *testing.T) {
+			t.Run(name+"/"+idcheck.QuoteID(id), func(t *testing.T) {
 				tally.Try(t)
 				err := op(id)
 				if err == nil {
-					t.Fatalf("%s(%s) = nil, want an error", name, jobs.QuoteID(id))
+					t.Fatalf("%s(%s) = nil, want an error", name, idcheck.QuoteID(id))
 				}
 				bad := jobs.CheckID(id) != nil
 				switch {
 				case errors.Is(err, jobs.ErrBadID), errors.Is(err, jobs.ErrNotFound), errors.Is(err, jobs.ErrInvalidArgument),
 					errors.Is(err, jobs.ErrClaimLost) && !bad, errors.Is(err, jobs.ErrChangedSinceRead) && !bad:
 				default:
-					t.Fatalf("%s(%s) = %v, want an error wrapping jobs.ErrBadID, ErrNotFound or ErrInvalidArgument", name, jobs.QuoteID(id), err)
+					t.Fatalf("%s(%s) = %v, want an error wrapping jobs.ErrBadID, ErrNotFound or ErrInvalidArgument", name, idcheck.QuoteID(id), err)
 				}
 				if bad && !errors.Is(err, jobs.ErrBadID) && !errors.Is(err, jobs.ErrInvalidArgument) {
-					t.Fatalf("%s(%s) = %v, want jobs.ErrBadID: the ID cannot be a job's", name, jobs.QuoteID(id), err)
+					t.Fatalf("%s(%s) = %v, want jobs.ErrBadID: the ID cannot be a job's", name, idcheck.QuoteID(id), err)
 				}
 			})
 		}

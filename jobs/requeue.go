@@ -7,15 +7,15 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // ErrChangedSinceRead means a compare-and-set found the job no longer in
 // the state the caller read (another status or generation): nothing was
 // written. Read the job again before deciding anew.
 var ErrChangedSinceRead = errors.New("job changed since it was read")
-
-// EventRequeued is the kind of the job_events row Requeue writes.
-const EventRequeued = "requeued"
 
 // requeueSQL puts a FAILED or QUEUED job back to QUEUED with its generation
 // raised, if it is still in the status and generation that were read.
@@ -64,7 +64,7 @@ type RequeueParams struct {
 // sent); ErrTxEnded when a cascade statement ended the transaction; a
 // wrapped cascade or driver error otherwise (nothing written).
 func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
-	if err := CheckID(p.JobID); err != nil {
+	if err := idcheck.CheckID(p.JobID); err != nil {
 		return 0, fmt.Errorf("jobs.Requeue: %w", err)
 	}
 	if p.Reason == "" {
@@ -82,11 +82,11 @@ func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("jobs.Requeue: job %s: %w: detail: %v", p.JobID, ErrInvalidArgument, err)
 	}
-	ctx, done := s.op(ctx, "Requeue")
+	ctx, done := s.core.Op(ctx, "Requeue")
 	var gen int64
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		ca := cascadeArgs{JobID: p.JobID}
-		err := tx.QueryRow(ctx, s.q(requeueSQL), pgx.NamedArgs{"id": p.JobID, "status": p.Status, "generation": p.Generation}).
+	err = s.core.InTx(ctx, func(tx pgx.Tx) error {
+		ca := pgcore.CascadeArgs{JobID: p.JobID}
+		err := tx.QueryRow(ctx, s.core.Q(requeueSQL), pgx.NamedArgs{"id": p.JobID, "status": p.Status, "generation": p.Generation}).
 			Scan(&gen, &ca.Type, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("job %s is no longer %s at generation %d: %w", p.JobID, p.Status, p.Generation, ErrChangedSinceRead)
@@ -94,12 +94,12 @@ func (s *Store) Requeue(ctx context.Context, p RequeueParams) (int64, error) {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, s.q(`INSERT INTO {schema}.job_events (job_id, kind, generation, detail) VALUES ($1, $2, $3, $4)`),
-			p.JobID, EventRequeued, gen, jsonText(js))
+		_, err = tx.Exec(ctx, s.core.Q(`INSERT INTO {schema}.job_events (job_id, kind, generation, detail) VALUES ($1, $2, $3, $4)`),
+			p.JobID, EventRequeued, gen, pgcore.JSONText(js))
 		if err != nil {
 			return err
 		}
-		return s.cascades.runRequeued(ctx, tx, ca)
+		return s.core.RunRequeued(ctx, tx, ca)
 	})
 	if err != nil {
 		return 0, done(err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // StaleQueued is a QUEUED row that has waited longer than the caller's
@@ -63,7 +65,7 @@ func (s *Store) ListStaleQueued(ctx context.Context, p StaleQueuedParams) ([]Sta
 	if p.Limit < 1 {
 		return nil, fmt.Errorf("jobs.ListStaleQueued: %w: limit %d", ErrInvalidArgument, p.Limit)
 	}
-	ctx, done := s.op(ctx, "ListStaleQueued")
+	ctx, done := s.core.Op(ctx, "ListStaleQueued")
 	after := any(p.After.UpdatedAt)
 	if p.After.UpdatedAt.IsZero() {
 		after = "-infinity"
@@ -72,8 +74,8 @@ func (s *Store) ListStaleQueued(ctx context.Context, p StaleQueuedParams) ([]Sta
 	if queues == nil {
 		queues = []string{}
 	}
-	rows, err := s.db.Query(ctx, s.q(staleQueuedSQL), pgx.NamedArgs{
-		"default_queue": QueueDefault, "older": Interval(p.Older), "after_updated_at": after, "after_id": p.After.ID,
+	rows, err := s.core.DB().Query(ctx, s.core.Q(staleQueuedSQL), pgx.NamedArgs{
+		"default_queue": QueueDefault, "older": pgcore.Interval(p.Older), "after_updated_at": after, "after_id": p.After.ID,
 		"queues": queues, "limit": p.Limit,
 	})
 	if err != nil {

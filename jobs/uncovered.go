@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // The statements of the uncovered-queue check: which queue sets the live
@@ -49,14 +51,14 @@ SELECT now(),
 // in one statement. It returns a wrapped driver error, or the operation's
 // timeout, when PostgreSQL fails.
 func (s *Store) ListLeaderLeases(ctx context.Context) (LeaderLeases, error) {
-	ctx, done := s.op(ctx, "ListLeaderLeases")
+	ctx, done := s.core.Op(ctx, "ListLeaderLeases")
 	var (
 		out     LeaderLeases
 		keys    []string
 		holders []string
 		expires []time.Time
 	)
-	if err := s.db.QueryRow(ctx, s.q(leaderLeasesSQL)).Scan(&out.Now, &keys, &holders, &expires); err != nil {
+	if err := s.core.DB().QueryRow(ctx, s.core.Q(leaderLeasesSQL)).Scan(&out.Now, &keys, &holders, &expires); err != nil {
 		return LeaderLeases{}, done(err)
 	}
 	out.Rows = make([]LeaderLeaseRow, len(keys))
@@ -86,14 +88,14 @@ const stalledByQueueSQL = `SELECT j.queue, count(*)
 // empty. It returns a wrapped driver error, or the operation's timeout,
 // when PostgreSQL fails.
 func (s *Store) CountStalledByQueue(ctx context.Context, queues []string, rule StallRule) (map[string]int, error) {
-	ctx, done := s.op(ctx, "CountStalledByQueue")
+	ctx, done := s.core.Op(ctx, "CountStalledByQueue")
 	out := map[string]int{}
 	if len(queues) == 0 {
 		return out, done(nil)
 	}
 	args := rule.args()
 	args["queues"] = queues
-	rows, _, err := pinnedQuery(ctx, s.db, s.q(stalledByQueueSQL), args)
+	rows, _, err := pgcore.PinnedQuery(ctx, s.core.DB(), s.core.Q(stalledByQueueSQL), args)
 	if err != nil {
 		return nil, done(err)
 	}

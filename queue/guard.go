@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -255,7 +256,7 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 		// this ID, and sending it would fail the read, then every retry.
 		g.count(decisionBadJobID)
 		g.logger.ErrorContext(ctx, "task refused for good: its ID cannot be a job ID",
-			"reason", "bad_job_id", "job_id", jobs.QuoteID(id), "err", err)
+			"reason", "bad_job_id", "job_id", idcheck.QuoteID(id), "err", err)
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
 	}
 	log := g.logger.With("job_id", id)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -99,7 +100,7 @@ return 1
 // negativeGeneration is the error of a marker write whose generation is
 // below 0: generations count claims from 0, so no marker can hold one.
 func negativeGeneration(op, jobID string, generation int64) error {
-	return fmt.Errorf("queue.MarkerStore.%s: job %s: generation %d is negative: %w", op, jobs.QuoteID(jobID), generation, jobs.ErrInvalidArgument)
+	return fmt.Errorf("queue.MarkerStore.%s: job %s: generation %d is negative: %w", op, idcheck.QuoteID(jobID), generation, jobs.ErrInvalidArgument)
 }
 
 // parseGeneration reads a marker's value: a generation written in ASCII

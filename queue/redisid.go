@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/redact"
 )
 
 // RedisID names the Redis a URL of NewRedisClient's three forms reads, so
@@ -32,14 +32,14 @@ import (
 func RedisID(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("redis URL %s: %w", jobs.RedactURL(raw), ErrBadRedisURL)
+		return "", fmt.Errorf("redis URL %s: %w", redact.URL(raw), ErrBadRedisURL)
 	}
 	fail := func(err error) (string, error) {
 		msg := err.Error()
 		if pw, ok := u.User.Password(); ok && pw != "" {
 			msg = strings.ReplaceAll(msg, pw, "xxxxx")
 		}
-		return "", fmt.Errorf("redis URL %s: %s: %w", jobs.RedactURL(raw), msg, ErrBadRedisURL)
+		return "", fmt.Errorf("redis URL %s: %s: %w", redact.URL(raw), msg, ErrBadRedisURL)
 	}
 	q := u.Query()
 	switch {

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -94,7 +95,7 @@ func stalledRows(t *testing.T, db *jobstest.DB, q string, idle time.Duration, id
 	t.Helper()
 	db.Exec(t, `INSERT INTO jobs (id, type, status, generation, queue, worker, started_at, updated_at)
 SELECT id, 'report.export', 'PROCESSING', 1, nullif($2, ''), 'w-dead', now() - interval '2 hours', now() - $3::interval
-  FROM unnest($1::text[]) AS id`, ids, q, jobs.Interval(idle))
+  FROM unnest($1::text[]) AS id`, ids, q, pgcore.Interval(idle))
 }
 
 func idsOf(prefix string, n int) []string {

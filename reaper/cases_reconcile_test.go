@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -69,7 +70,7 @@ func (o *ownRedis) reapOne(t *testing.T, id string, ago time.Duration) {
 		t.Fatalf("%s's marker write was not confirmed", id)
 	}
 	o.db.Exec(t, `UPDATE jobs SET finished_at = finished_at - $2::interval, marker_set_at = marker_set_at - $2::interval WHERE id = $1`,
-		id, jobs.Interval(ago))
+		id, pgcore.Interval(ago))
 }
 
 // ttl returns the marker's TTL in seconds (-2: no key).

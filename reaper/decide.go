@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -122,7 +123,7 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 	// time.Duration's 292 years (the Verdict's durations stop there): a
 	// limit of '1000 years' against a started_at of 0001-01-01 gets
 	// StallPredicate's answer.
-	maxUs, stallUs, hardUs := snap.Limits.Micros()
+	maxUs, stallUs, hardUs := pgcore.LimitsMicros(snap.Limits)
 	if stallUs == nil {
 		stallUs = ptr(rule.DefaultStallTimeout.Microseconds())
 	}
@@ -133,7 +134,7 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 	case *stallUs < rule.MinStallTimeout.Microseconds():
 		v.Skip = SkipBadLimits
 		v.Why = fmt.Sprintf("stall timeout %s is below 2 x heartbeat interval + scan interval = %s", v.StallTimeout, rule.MinStallTimeout)
-	case *hardUs <= jobs.AddMicros(maxUs, *stallUs):
+	case *hardUs <= pgcore.AddMicros(maxUs, *stallUs):
 		v.Skip = SkipBadLimits
 		v.Why = fmt.Sprintf("hard_timeout %s is not longer than max_runtime + stall timeout = %s: asynq would cancel and retry the task first",
 			hard, sumDuration(v.MaxRuntime, v.StallTimeout))
@@ -165,7 +166,7 @@ func microsBetween(from, to time.Time) int64 {
 	if secs < math.MinInt64/1_000_000 {
 		return math.MinInt64
 	}
-	return jobs.AddMicros(secs*1_000_000, int64(to.Nanosecond()/1e3-from.Nanosecond()/1e3))
+	return pgcore.AddMicros(secs*1_000_000, int64(to.Nanosecond()/1e3-from.Nanosecond()/1e3))
 }
 
 // sumDuration returns a + b, saturated at jobs.MaxDuration for a message.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -212,13 +213,13 @@ VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, 
 			t.Fatal(err)
 		}
 	}
-	started := any(jobs.Interval(tc.runtime))
+	started := any(pgcore.Interval(tc.runtime))
 	if tc.noStart {
 		started = nil
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, generation, queue, started_at, updated_at)
 VALUES ($1, $2, $3, 1, 'boundary', coalesce(nullif($6, '')::timestamptz, now() - $4::interval), now() - $5::interval)`,
-		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, jobs.Interval(tc.idle), tc.started); err != nil {
+		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, pgcore.Interval(tc.idle), tc.started); err != nil {
 		t.Fatal(err)
 	}
 }

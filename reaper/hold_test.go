@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -74,7 +75,7 @@ func (w *stormWorld) add(t *testing.T, q, typ, prefix string, n int, started, id
 	}
 	w.db.Exec(t, `INSERT INTO jobs (id, type, status, generation, worker, queue, started_at, updated_at)
 SELECT id, $2, 'PROCESSING', 1, 'w1', $3, now() - $4::interval, now() - $5::interval FROM unnest($1::text[]) AS id`,
-		ids, typ, q, jobs.Interval(started), jobs.Interval(idle))
+		ids, typ, q, pgcore.Interval(started), pgcore.Interval(idle))
 	if err := queuetest.MakeActive(t.Context(), w.a.rc, q, typ, ids); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func (w *stormWorld) running(t *testing.T, q, prefix string, n int) []string {
 // them stall, 0 is progress now.
 func (w *stormWorld) moved(t *testing.T, ago time.Duration, ids []string) {
 	t.Helper()
-	w.db.Exec(t, `UPDATE jobs SET updated_at = now() - $2::interval WHERE id = ANY($1)`, ids, jobs.Interval(ago))
+	w.db.Exec(t, `UPDATE jobs SET updated_at = now() - $2::interval WHERE id = ANY($1)`, ids, pgcore.Interval(ago))
 }
 
 // reaper returns a Reaper over w on queues and its metrics registry.

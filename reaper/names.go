@@ -4,7 +4,7 @@ import (
 	"hash/maphash"
 	"sync"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 )
 
 // Names that come from outside jobreaper (queue names from asynq:queues
@@ -24,7 +24,7 @@ const invalidLabel = "(invalid)"
 // labelValue returns name when it can be a metric label value, else
 // invalidLabel.
 func labelValue(name string) string {
-	if jobs.CheckName("name", name) != nil {
+	if idcheck.CheckName("name", name) != nil {
 		return invalidLabel
 	}
 	return name
@@ -70,7 +70,7 @@ func (b *badQueueNames) first(name string) bool {
 func (r *Reaper) checkQueues(queues []string, res *Result) []string {
 	kept := make([]string, 0, len(queues))
 	for _, q := range queues {
-		err := jobs.CheckName("queue name", q)
+		err := idcheck.CheckName("queue name", q)
 		if err == nil {
 			kept = append(kept, q)
 			continue
@@ -80,7 +80,7 @@ func (r *Reaper) checkQueues(queues []string, res *Result) []string {
 			r.log.Warn("queue skipped: its name cannot be a PostgreSQL text value or a metric label (a NUL byte, invalid UTF-8 "+
 				"or over 1,024 bytes), so none of its tasks can be a job of the jobs table; another client writes "+
 				"asynq:queues in this Redis? Warned once; counted in jobreaper_bad_queue_names at every pass",
-				"queue", jobs.QuoteID(q), "err", err.Error())
+				"queue", idcheck.QuoteID(q), "err", err.Error())
 		}
 	}
 	r.opts.Metrics.badQueueNames(res.BadQueueNames)

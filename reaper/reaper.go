@@ -15,6 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/jobreaper/jobreaper/internal/failpoint"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -372,7 +373,7 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) 
 	case SkipUnknownType:
 		r.log.Warn("job skipped: no job_types row for its type; insert one", "job_id", id, "type", snap.Type, "reason", v.Skip)
 	case SkipBadRow:
-		r.log.Warn("job skipped: its row holds a value the stall rule cannot be applied to; fix the row", "job_id", jobs.QuoteID(id),
+		r.log.Warn("job skipped: its row holds a value the stall rule cannot be applied to; fix the row", "job_id", idcheck.QuoteID(id),
 			"type", snap.Type, "reason", v.Skip, "value", v.Why)
 	case SkipNoStartTime:
 		r.log.Warn("job skipped: PROCESSING without started_at (not claimed through the start guard)", "job_id", id,

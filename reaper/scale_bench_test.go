@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/internal/fleettest"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -76,7 +77,7 @@ func newScaleWorld(b *testing.B, n int, startedAgo, idleAgo time.Duration, casca
 	w.db.Exec(b, `INSERT INTO jobs (id, type, status, generation, worker, queue, parent_id, started_at, updated_at)
 SELECT $1 || '-' || lpad(i::text, 7, '0'), 'bench.task', 'PROCESSING', 1, 'w1', $1 || '-q' || (i % $2), 'P' || (i / 100),
        now() - $3::interval, now() - $4::interval
-  FROM generate_series(0, $5 - 1) AS i`, prefix, scaleQueues, jobs.Interval(startedAgo), jobs.Interval(idleAgo), n)
+  FROM generate_series(0, $5 - 1) AS i`, prefix, scaleQueues, pgcore.Interval(startedAgo), pgcore.Interval(idleAgo), n)
 	w.db.Exec(b, `INSERT INTO jobs (id, type, status, generation, worker, queue, started_at, updated_at, finished_at, marker_set_at, failure_reason)
 SELECT 'done-' || lpad(i::text, 8, '0'), 'bench.task', CASE WHEN i % 20 = 0 THEN 'FAILED' ELSE 'COMPLETED' END, 1, 'w1',
        $1 || '-q' || (i % $2), now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',

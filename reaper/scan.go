@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
@@ -174,7 +174,7 @@ func (r *Reaper) warnQueuesNotFound(ctx context.Context, res *Result) {
 			r.log.Warn("reading asynq's queue list for a did-you-mean failed", "err", err)
 		}
 		for _, q := range all {
-			if jobs.CheckName("queue name", q) == nil {
+			if idcheck.CheckName("queue name", q) == nil {
 				known = append(known, q)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -100,7 +101,7 @@ func uncoveredQueues(known []string, ls jobs.LeaderLeases, own []string) []strin
 	}
 	var out []string
 	for _, q := range known {
-		if !set[q] && jobs.CheckName("queue name", q) == nil {
+		if !set[q] && idcheck.CheckName("queue name", q) == nil {
 			out = append(out, q)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -212,7 +213,7 @@ func printCancelLine(a *app, line cancelLine, output string) error {
 	if output == outputJSON {
 		return json.NewEncoder(a.stdout).Encode(line)
 	}
-	id := jobs.QuoteID(line.JobID)
+	id := idcheck.QuoteID(line.JobID)
 	var err error
 	switch line.Outcome {
 	case outcomeCancelled:

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -109,8 +110,8 @@ func TestCase_B28_TaskArchivedBeforeAnyMiddlewareRan(t *testing.T) {
 
 	r = run(t, f.args("--reason", "deadline passed while the workers were busy", "--stale", "--queues", f.q)...)
 	requireExit(t, r, exitPassErrors)
-	if !strings.Contains(r.stdout, "requeued "+jobs.QuoteID(j28)+": QUEUED -> QUEUED at generation 1; its archived task") ||
-		!strings.Contains(r.stdout, "refused "+jobs.QuoteID(taskless)+": asynq holds no task for it") ||
+	if !strings.Contains(r.stdout, "requeued "+idcheck.QuoteID(j28)+": QUEUED -> QUEUED at generation 1; its archived task") ||
+		!strings.Contains(r.stdout, "refused "+idcheck.QuoteID(taskless)+": asynq holds no task for it") ||
 		!strings.Contains(r.stdout, "the product must enqueue the job again") {
 		t.Fatalf("requeue --stale printed:\n%s", r.stdout)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -145,7 +146,7 @@ func printDryRun(w io.Writer, res reaper.Result, output string) error {
 			worker = "-"
 		}
 		fmt.Fprintf(&b, "%-4s %-16s job %s type %s queue %s generation %d worker %s: runtime %s of max %s, idle %s of stall timeout %s\n",
-			verb, d.Reason, jobs.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
+			verb, d.Reason, idcheck.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
 			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds))
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {

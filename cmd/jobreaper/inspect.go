@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -162,11 +163,11 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 	rec, err := d.store.Inspect(ctx, id, inspectBatches, inspectEvents)
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
-		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s not found in schema %q (check the ID and --schema)", jobs.QuoteID(id), cfg.Schema)}
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s not found in schema %q (check the ID and --schema)", idcheck.QuoteID(id), cfg.Schema)}
 	case errors.Is(err, jobs.ErrInvalidArgument) || errors.Is(err, jobs.ErrBadID):
-		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s cannot exist: %v", jobs.QuoteID(id), err)}
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s cannot exist: %v", idcheck.QuoteID(id), err)}
 	case err != nil:
-		return inspectDoc{}, cannotRun("reading job %s: %s", jobs.QuoteID(id), oneLine(err.Error()))
+		return inspectDoc{}, cannotRun("reading job %s: %s", idcheck.QuoteID(id), oneLine(err.Error()))
 	}
 	doc := inspectDoc{
 		JobID: rec.ID, Status: rec.Status, Type: rec.Type, Queue: rec.Queue, FailureReason: rec.FailureReason,
@@ -266,7 +267,7 @@ func printInspect(w io.Writer, doc inspectDoc) error {
 	if doc.FailureReason != "" {
 		status += " (" + doc.FailureReason + ")"
 	}
-	line("job", "%s", jobs.QuoteID(doc.JobID))
+	line("job", "%s", idcheck.QuoteID(doc.JobID))
 	line("status", "%s", status)
 	line("type", "%s", doc.Type)
 	line("queue", "%s", orNone(doc.Queue))

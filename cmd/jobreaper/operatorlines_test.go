@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -111,7 +112,7 @@ func TestRequeue_JobWhoseTaskWaitsInRetry(t *testing.T) {
 
 	r = run(t, f.args("--config", file, "--replace-waiting", "--reason", "upstream fixed", id)...)
 	requireExit(t, r, exitOK)
-	if want := "requeued " + jobs.QuoteID(id) + ": FAILED -> QUEUED at generation 2; its retry task in queue \"" + f.q + "\" was replaced by a new one\n"; r.stdout != want {
+	if want := "requeued " + idcheck.QuoteID(id) + ": FAILED -> QUEUED at generation 2; its retry task in queue \"" + f.q + "\" was replaced by a new one\n"; r.stdout != want {
 		t.Fatalf("stdout = %q, want %q", r.stdout, want)
 	}
 	if row := f.db.Read(t, id); row.Status != jobs.StatusQueued || row.Generation != 2 {
@@ -180,8 +181,8 @@ func TestCancelWithoutARunningHandler(t *testing.T) {
 
 	r := run(t, opsArgs(f.db, "cancel", "--reason", "not needed", pending, taskless)...)
 	requireExit(t, r, exitOK)
-	want := "cancelled job " + jobs.QuoteID(pending) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds its task pending)\n" +
-		"cancelled job " + jobs.QuoteID(taskless) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds no task for it)\n"
+	want := "cancelled job " + idcheck.QuoteID(pending) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds its task pending)\n" +
+		"cancelled job " + idcheck.QuoteID(taskless) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds no task for it)\n"
 	if r.stdout != want {
 		t.Fatalf("stdout = %q, want %q", r.stdout, want)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -240,7 +241,7 @@ func printRequeueLine(a *app, line requeueLine, output string) error {
 		return json.NewEncoder(a.stdout).Encode(line)
 	}
 	var err error
-	id := jobs.QuoteID(line.JobID)
+	id := idcheck.QuoteID(line.JobID)
 	switch line.Outcome {
 	case outcomeRequeued:
 		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one\n",

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -299,7 +300,7 @@ func checkQueuesKnown(ctx context.Context, lister reaper.Lister, queues []string
 	if err != nil {
 		return cannotRun("--strict-queues: reading asynq's queue list in Redis %s failed: %v", redis, err)
 	}
-	known := slices.DeleteFunc(all, func(q string) bool { return jobs.CheckName("queue name", q) != nil })
+	known := slices.DeleteFunc(all, func(q string) bool { return idcheck.CheckName("queue name", q) != nil })
 	var unknown []string
 	for _, q := range queues {
 		if slices.Contains(known, q) {

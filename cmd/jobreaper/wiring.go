@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -136,11 +137,10 @@ func connectMigrated(ctx context.Context, cfg config.Config, configure ...func(*
 // tables and every migration this binary ships, looking each table up by
 // its qualified name (so the answer holds behind a transaction-mode
 // pooler), so that a wrong --schema or a forgotten `jobreaper migrate` is
-// reported before any pass instead of failing each one.
+// reported before any pass instead of failing each one. It is the check a
+// worker makes (jobs.Store.CheckSchema), bounded by the operation timeout.
 func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) error {
-	ctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
-	defer cancel()
-	err := jobs.CheckMigrated(ctx, pool, cfg.Schema)
+	err := jobs.NewStore(pool, jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout)).CheckSchema(ctx)
 	switch {
 	case errors.Is(err, jobs.ErrNotMigrated):
 		// The error names the schema, what is missing and the command; the
@@ -148,11 +148,11 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config)
 		// reads "schema "x" has no jobreaper tables ...; run ... (database
 		// postgres://app@db:5432/app)".
 		return cannotRun("%s (database %s)",
-			strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), ": "+jobs.ErrNotMigrated.Error()),
-			jobs.RedactURL(cfg.DatabaseURL))
+			strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckSchema: "), ": "+jobs.ErrNotMigrated.Error()),
+			redact.URL(cfg.DatabaseURL))
 	case err != nil:
 		return cannotRun("cannot read schema %q (database %s): %v; check the database and --schema",
-			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
+			cfg.Schema, redact.URL(cfg.DatabaseURL), err)
 	}
 	return nil
 }
@@ -186,11 +186,11 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 			}
 		}
 		if hint := tlsHint(err, redisTLSSettings); hint != "" {
-			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", jobs.RedactURL(cfg.RedisURL), reason, hint)
+			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", redact.URL(cfg.RedisURL), reason, hint)
 		}
 		return nil, &exitError{code: exitCannotRun, err: redisDownError{fmt.Errorf(
 			"cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
-			jobs.RedactURL(cfg.RedisURL), reason)}}
+			redact.URL(cfg.RedisURL), reason)}}
 	}
 	return rdb, nil
 }

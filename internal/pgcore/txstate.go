@@ -1,4 +1,4 @@
-package jobs
+package pgcore
 
 import (
 	"errors"
@@ -19,7 +19,7 @@ import (
 // backstop for one that slipped through.
 var ErrTxEnded = errors.New("the transaction was ended by one of its own statements before COMMIT")
 
-// checkTxOpen verifies, just before COMMIT, that tx is still an open,
+// CheckTxOpen verifies, just before COMMIT, that tx is still an open,
 // healthy transaction. It reads the transaction status PostgreSQL sent with
 // its last ReadyForQuery message (pgconn.PgConn.TxStatus: 'I' idle, 'T' in a
 // transaction, 'E' in a failed transaction), so it costs no round trip. A
@@ -31,7 +31,7 @@ var ErrTxEnded = errors.New("the transaction was ended by one of its own stateme
 // COMMIT, never per statement. kind names what ran in the transaction
 // ("the cascade of Reap", "CompleteWith's function"); "" when the caller's
 // error wrapping names the operation already. The error wraps ErrTxEnded.
-func checkTxOpen(tx pgx.Tx, kind string) error {
+func CheckTxOpen(tx pgx.Tx, kind string) error {
 	conn := tx.Conn()
 	if conn == nil || conn.PgConn() == nil {
 		return nil // not a pgx connection: nothing to read, COMMIT decides

@@ -1,4 +1,4 @@
-package jobs
+package pgcore
 
 import (
 	"context"
@@ -17,52 +17,53 @@ import (
 // long as the caller allows, and only jobreaper's statements before and
 // after it are bounded.
 
-// begin opens a transaction on db for operation op, with a timeout of its
+// Begin opens a transaction on db for operation op, with a timeout of its
 // own for the BEGIN. Its error says that nothing was written.
-func (s *Store) begin(ctx context.Context, db TxBeginner, op string) (pgx.Tx, error) {
-	bctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+func (c *Core) Begin(ctx context.Context, db TxBeginner, op string) (pgx.Tx, error) {
+	bctx, cancel := context.WithTimeout(ctx, c.opTimeout)
 	defer cancel()
 	tx, err := db.Begin(bctx)
 	if err != nil {
 		return nil, fmt.Errorf("jobs.%s: the transaction could not begin%s; nothing was written: %w",
-			op, s.timedOut(bctx, err), err)
+			op, c.timedOut(bctx, err), err)
 	}
 	return tx, nil
 }
 
-// commit sends tx's COMMIT with a timeout of its own. When the COMMIT fails
-// the error says what became of the transaction (see commitOutcome).
-func (s *Store) commit(ctx context.Context, tx pgx.Tx) error {
-	cctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+// Commit sends tx's COMMIT with a timeout of its own. When the COMMIT fails
+// the error says what became of the transaction (see CommitOutcome).
+func (c *Core) Commit(ctx context.Context, tx pgx.Tx) error {
+	cctx, cancel := context.WithTimeout(ctx, c.opTimeout)
 	defer cancel()
 	err := tx.Commit(cctx)
 	if err == nil {
 		return nil
 	}
-	return commitOutcome(err, s.timedOut(cctx, err))
+	return CommitOutcome(err, c.timedOut(cctx, err))
 }
 
-// rollback ends tx if it is still open, for a deferred call. It runs
+// Rollback ends tx if it is still open, for a deferred call. It runs
 // without ctx's cancellation and with a timeout of its own: a caller whose
 // context ended still gets its transaction rolled back on a connection the
 // pool can reuse (pgx discards a connection whose ROLLBACK failed, which
 // rolls back too).
-func (s *Store) rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opTimeout)
+func (c *Core) Rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opTimeout)
 	defer cancel()
 	_ = tx.Rollback(rctx)
 }
 
 // timedOut returns " (timed out after <op timeout>)" when err came from
 // ctx's own deadline, else "".
-func (s *Store) timedOut(ctx context.Context, err error) string {
+func (c *Core) timedOut(ctx context.Context, err error) string {
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
-		return fmt.Sprintf(" (timed out after %s)", s.opTimeout)
+		return fmt.Sprintf(" (timed out after %s)", c.opTimeout)
 	}
 	return ""
 }
 
-// commitOutcome words a failed COMMIT by what it did to the transaction:
+// CommitOutcome words a failed COMMIT by what it did to the transaction,
+// with note (a timeout, or "") after the verb:
 //
 //   - PostgreSQL answered it and rolled back (pgx.ErrTxCommitRollback after
 //     a failed statement, or a *pgconn.PgError such as a deferred
@@ -74,7 +75,7 @@ func (s *Store) timedOut(ctx context.Context, err error) string {
 //     mid-way): it may or may not have committed.
 //
 // The error wraps err, and ErrCommitUnknown in the last case.
-func commitOutcome(err error, note string) error {
+func CommitOutcome(err error, note string) error {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrTxCommitRollback):

@@ -1,4 +1,4 @@
-package jobs
+package pgcore
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// transient tells the errors worth sending again (PostgreSQL unreachable
+// Transient tells the errors worth sending again (PostgreSQL unreachable
 // or asking for a retry) from the rest, through any wrapping. The
 // connection errors are the driver's own, produced for real: a refused
 // dial and a closed pool.
@@ -57,7 +57,7 @@ func TestTransientClassifiesErrors(t *testing.T) {
 		{"ConnClosed", fmt.Errorf("x: %w", pgconn.ErrConnClosed), true},
 		{"NetClosed", net.ErrClosed, true},
 		{"OperationTimeout", fmt.Errorf("jobs.Fail timed out after 10s: %w", context.DeadlineExceeded), true},
-		{"CommitUnknown", commitOutcome(io.ErrUnexpectedEOF, ""), true},
+		{"CommitUnknown", CommitOutcome(io.ErrUnexpectedEOF, ""), true},
 		{"SerializationFailure", pg("40001"), true},
 		{"Deadlock", fmt.Errorf("cascade: %w", pg("40P01")), true},
 		{"AdminShutdown", pg("57P01"), true},
@@ -71,20 +71,20 @@ func TestTransientClassifiesErrors(t *testing.T) {
 		{"UndefinedTable", pg("42P01"), false},
 		{"QueryCanceledByStatementTimeout", pg("57014"), false},
 		{"ClosedPool", closedPool, false},
-		{"StaleWorker", fmt.Errorf("job j1: %w", ErrStaleWorker), false},
+		{"StaleWorker", fmt.Errorf("job j1: %w", errors.New("stale worker: the job was claimed by a newer attempt")), false},
 		{"JobTerminal", ErrJobTerminal, false},
-		{"NotAutoComplete", ErrNotAutoComplete, false},
+		{"NotAutoComplete", errors.New("job type is not auto-complete"), false},
 		{"TxEnded", ErrTxEnded, false},
-		{"CommitRefused", commitOutcome(pg("23505"), ""), false},
+		{"CommitRefused", CommitOutcome(pg("23505"), ""), false},
 		{"Other", errors.New("boom"), false},
 	} {
-		if got := transient(c.err); got != c.want {
-			t.Errorf("%s: transient(%v) = %v, want %v", c.name, c.err, got, c.want)
+		if got := Transient(c.err); got != c.want {
+			t.Errorf("%s: Transient(%v) = %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
 }
 
-// connectionLost, the outage grace's reading of an error, accepts only
+// ConnectionLost, the outage grace's reading of an error, accepts only
 // what says the connection was lost or could not be made, never what one
 // statement or row can cause pass after pass. The errors are the driver's
 // own, produced for real against the test server where they can be: a
@@ -182,7 +182,7 @@ func TestConnectionLostClassifiesErrors(t *testing.T) {
 		{"BrokenPipe", fmt.Errorf("write: %w", syscall.EPIPE), true},
 		{"EOF", fmt.Errorf("receive message: %w", io.EOF), true},
 		{"UnexpectedEOF", io.ErrUnexpectedEOF, true},
-		{"CommitUnknown", commitOutcome(io.ErrUnexpectedEOF, ""), true},
+		{"CommitUnknown", CommitOutcome(io.ErrUnexpectedEOF, ""), true},
 		{"AdminShutdown", pg("57P01"), true},
 		{"CrashShutdown", pg("57P02"), true},
 		{"CannotConnectNow", pg("57P03"), true},
@@ -199,11 +199,11 @@ func TestConnectionLostClassifiesErrors(t *testing.T) {
 		{"NetTimeoutOnAnOpenConnection", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
 		{"Canceled", context.Canceled, false},
 		{"UniqueViolation", pg("23505"), false},
-		{"StaleWorker", fmt.Errorf("job j1: %w", ErrStaleWorker), false},
+		{"StaleWorker", fmt.Errorf("job j1: %w", errors.New("stale worker: the job was claimed by a newer attempt")), false},
 		{"Other", errors.New("boom"), false},
 	} {
-		if got := connectionLost(c.err); got != c.want {
-			t.Errorf("%s: connectionLost(%v) = %v, want %v", c.name, c.err, got, c.want)
+		if got := ConnectionLost(c.err); got != c.want {
+			t.Errorf("%s: ConnectionLost(%v) = %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
 	// What the driver returned is what the cases are named after.

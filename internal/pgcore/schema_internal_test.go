@@ -1,4 +1,4 @@
-package jobs
+package pgcore
 
 import (
 	"go/ast"
@@ -11,39 +11,42 @@ import (
 	"testing"
 )
 
-func TestStoreQNamesTheSchemaQuoted(t *testing.T) {
+func TestCoreQNamesTheSchemaQuoted(t *testing.T) {
 	t.Parallel()
-	s := NewStore(nil, WithSchema("JobReaper"))
-	got := s.q(`SELECT 1 FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type`)
+	s := New(nil, Config{Schema: "JobReaper"})
+	got := s.Q(`SELECT 1 FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type`)
 	want := `SELECT 1 FROM "JobReaper".jobs j JOIN "JobReaper".job_types t ON t.name = j.type`
 	if got != want {
-		t.Fatalf("q = %s, want %s", got, want)
+		t.Fatalf("Q = %s, want %s", got, want)
 	}
-	if def := NewStore(nil).q(`UPDATE {schema}.jobs`); def != `UPDATE "public".jobs` {
-		t.Fatalf("default schema: q = %s, want the public schema", def)
-	}
-}
-
-func TestStoreQDoesNotAllocateOnceRendered(t *testing.T) {
-	s := NewStore(nil, WithSchema("jobreaper"))
-	_ = s.q(heartbeatSQL)
-	if n := testing.AllocsPerRun(100, func() { _ = s.q(heartbeatSQL) }); n != 0 {
-		t.Fatalf("q allocates %v times per call after the first, want 0", n)
+	if def := New(nil, Config{Schema: SchemaDefault}).Q(`UPDATE {schema}.jobs`); def != `UPDATE "public".jobs` {
+		t.Fatalf("default schema: Q = %s, want the public schema", def)
 	}
 }
 
-func TestStoreQConcurrentFirstCalls(t *testing.T) {
+func TestCoreQDoesNotAllocateOnceRendered(t *testing.T) {
+	s := New(nil, Config{Schema: "jobreaper"})
+	_ = s.Q(appendEventSQL)
+	if n := testing.AllocsPerRun(100, func() { _ = s.Q(appendEventSQL) }); n != 0 {
+		t.Fatalf("Q allocates %v times per call after the first, want 0", n)
+	}
+}
+
+func TestCoreQConcurrentFirstCalls(t *testing.T) {
 	t.Parallel()
-	s := NewStore(nil, WithSchema("jobreaper"))
-	stmts := []string{claimSQL, heartbeatSQL, completeSQL, failSQL, reapBatchSQL, readStateSQL, appendEventSQL, lateResultSQL}
+	s := New(nil, Config{Schema: "jobreaper"})
+	stmts := []string{appendEventSQL, `SELECT ` + SnapshotColumns + ` FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type`,
+		`UPDATE {schema}.jobs SET status = 'QUEUED'`, `INSERT INTO {schema}.job_events (job_id) VALUES ($1)`,
+		`SELECT 1 FROM {schema}.leader_leases`, `DELETE FROM {schema}.job_batches`, `SELECT 1 FROM {schema}.reaper_holds`,
+		`SELECT 1 FROM {schema}.reaper_outages`}
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for _, st := range stmts {
-				if got := s.q(st); strings.Contains(got, schemaPlaceholder) || !strings.Contains(got, `"jobreaper".`) {
-					t.Errorf("q left the placeholder or lost the schema: %s", got)
+				if got := s.Q(st); strings.Contains(got, schemaPlaceholder) || !strings.Contains(got, `"jobreaper".`) {
+					t.Errorf("Q left the placeholder or lost the schema: %s", got)
 				}
 			}
 		}()
@@ -58,18 +61,31 @@ func TestStoreQConcurrentFirstCalls(t *testing.T) {
 // without {schema}.
 var unqualified = regexp.MustCompile(`\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+(jobs|job_types|job_events|job_batches|job_past_lives|jobreaper_schema_version|leader_leases|reaper_holds)\b`)
 
-// TestEveryStatementNamesTheSchema reads this package's source: no SQL
-// text may name jobreaper's tables without {schema}., and every text that
-// writes {schema} must reach PostgreSQL through Store.q (directly in the
-// call, or as a constant used inside q(...)). Behind a transaction-mode
+// statementDirs are the packages that send statements on jobreaper's
+// tables: this one, the worker's (jobs) and the daemon's (pgstore).
+var statementDirs = []string{".", "../../jobs"}
+
+// TestEveryStatementNamesTheSchema reads the source of statementDirs: no
+// SQL text may name jobreaper's tables without {schema}., and every text
+// that writes {schema} must reach PostgreSQL through Core.Q (directly in
+// the call, or as a constant used inside Q(...)). Behind a transaction-mode
 // pooler a statement that relies on search_path would silently reach
 // another schema's tables, so this is checked for every statement, not
 // only the ones the tests happen to run through PgBouncer.
 func TestEveryStatementNamesTheSchema(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
+	for _, dir := range statementDirs {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			t.Parallel()
+			checkStatementsIn(t, dir)
+		})
+	}
+}
+
+func checkStatementsIn(t *testing.T, dir string) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Go files in %s (%v): the check reads the wrong directory", dir, err)
 	}
 	fset := token.NewFileSet()
 	var parsed []*ast.File
@@ -78,7 +94,11 @@ func TestEveryStatementNamesTheSchema(t *testing.T) {
 		if strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		abs, err := filepath.Abs(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := parser.ParseFile(fset, abs, nil, parser.SkipObjectResolution)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,8 +142,8 @@ func TestEveryStatementNamesTheSchema(t *testing.T) {
 			case *ast.Ident:
 				use = placeholderConsts[n.Name]
 			}
-			if use && !insideQ(stack) && !strings.HasSuffix(fset.Position(n.Pos()).Filename, "store.go") {
-				t.Errorf("%s: a statement writing {schema} is sent without Store.q", fset.Position(n.Pos()))
+			if use && !insideQ(stack) && !strings.HasSuffix(fset.Position(n.Pos()).Filename, filepath.Join("internal", "pgcore", "core.go")) {
+				t.Errorf("%s: a statement writing {schema} is sent without Core.Q", fset.Position(n.Pos()))
 			}
 			return true
 		})
@@ -142,12 +162,12 @@ func mentionsPlaceholder(e ast.Expr) bool {
 }
 
 // insideQ reports whether the innermost call around the node on top of
-// stack is a call of a method named q.
+// stack is a call of a method named Q.
 func insideQ(stack []ast.Node) bool {
 	for i := len(stack) - 2; i >= 0; i-- {
 		if call, ok := stack[i].(*ast.CallExpr); ok {
 			sel, ok := call.Fun.(*ast.SelectorExpr)
-			return ok && sel.Sel.Name == "q"
+			return ok && sel.Sel.Name == "Q"
 		}
 	}
 	return false

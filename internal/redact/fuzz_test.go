@@ -1,17 +1,15 @@
-package jobs_test
+package redact
 
 import (
 	"strings"
 	"testing"
-
-	"github.com/jobreaper/jobreaper/jobs"
 )
 
 // FuzzRedactURL puts a password into a connection string in every place
 // an operator might (a URL's user information, a password, sslpassword or
 // sentinel_password query parameter, a keyword=value string), with a
 // character in its middle that URLs give a meaning to ('#', '/', '?',
-// '@', ...), around any other text: RedactURL's result, which goes into
+// '@', ...), around any other text: URL's result, which goes into
 // logs and errors, never holds either half of it.
 func FuzzRedactURL(f *testing.F) {
 	for _, s := range []struct {
@@ -61,9 +59,9 @@ func FuzzRedactURL(f *testing.F) {
 		case 7: // Redis
 			raw = "rediss://" + pre + ":" + pw + "@" + post
 		}
-		got := jobs.RedactURL(raw)
+		got := URL(raw)
 		if strings.Contains(got, a) || strings.Contains(got, b) {
-			t.Fatalf("RedactURL(%q) = %q shows the password", raw, got)
+			t.Fatalf("URL(%q) = %q shows the password", raw, got)
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package jobs
+package pgcore
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 //     batch's array (unnest) in a nested loop, once per row: EXPLAIN
 //     ANALYZE measured 1.2 s for a batch of 1,000 against 21 ms by hash.
 //
-// So each such statement runs in a pipeline behind pinPlansSQL, which
+// So each such statement runs in a pipeline behind PinPlansSQL, which
 // turns sequential scans and nested loops off and forces custom plans
 // until the end of the transaction: the explicit one of a reap, or the implicit one a pipeline
 // forms up to its Sync. Nothing is sent at connection start (poolers in
@@ -30,50 +30,50 @@ import (
 // the operator's cascades run. Every such statement then reads jobs by the
 // primary key and joins by hash; TestPlansHoldOnStaleStatistics checks it.
 
-// pinPlansSQL saves the two settings (the subquery runs first) and sets them
+// PinPlansSQL saves the two settings (the subquery runs first) and sets them
 // for the rest of the transaction. It returns the saved values.
-const pinPlansSQL = `
-SELECT saved.seqscan, saved.nestloop, saved.cache_mode,
+const PinPlansSQL = `
+SELECT saved.Seqscan, saved.Nestloop, saved.cache_mode,
        set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true),
        set_config('plan_cache_mode', 'force_custom_plan', true)
   FROM (SELECT current_setting('enable_seqscan') AS seqscan, current_setting('enable_nestloop') AS nestloop,
                current_setting('plan_cache_mode') AS cache_mode OFFSET 0) AS saved`
 
-// restorePlansSQL sets the two settings back to the values pinPlansSQL
+// RestorePlansSQL sets the two settings back to the values PinPlansSQL
 // saved.
-const restorePlansSQL = `SELECT set_config('enable_seqscan', $1, true), set_config('enable_nestloop', $2, true),
+const RestorePlansSQL = `SELECT set_config('enable_seqscan', $1, true), set_config('enable_nestloop', $2, true),
        set_config('plan_cache_mode', $3, true)`
 
-// savedPlans holds the settings pinPlansSQL replaced.
-type savedPlans struct{ seqscan, nestloop, cacheMode string }
+// SavedPlans holds the settings PinPlansSQL replaced.
+type SavedPlans struct{ Seqscan, Nestloop, CacheMode string }
 
-// batchSender is what runs a pipeline: *pgxpool.Pool, *pgx.Conn and pgx.Tx.
-type batchSender interface {
+// BatchSender is what runs a pipeline: *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type BatchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// before is a statement pinnedQuery runs between the settings and its
+// Before is a statement PinnedQuery runs between the settings and its
 // query, in the same pipeline.
-type before struct {
-	sql  string
-	args []any
+type Before struct {
+	SQL  string
+	Args []any
 }
 
-// pinnedQuery runs sql with args behind pinPlansSQL in one pipeline (one
+// PinnedQuery runs sql with args behind PinPlansSQL in one pipeline (one
 // round trip), after the statements of pre if any, and returns its rows and
 // the saved settings. The caller closes rows; when db is not a
 // transaction, the settings end with the pipeline.
-func pinnedQuery(ctx context.Context, db batchSender, sql string, args any, pre ...before) (pgx.Rows, savedPlans, error) {
+func PinnedQuery(ctx context.Context, db BatchSender, sql string, args any, pre ...Before) (pgx.Rows, SavedPlans, error) {
 	b := &pgx.Batch{}
-	b.Queue(pinPlansSQL)
+	b.Queue(PinPlansSQL)
 	for _, st := range pre {
-		b.Queue(st.sql, st.args...)
+		b.Queue(st.SQL, st.Args...)
 	}
 	b.Queue(sql, args)
 	br := db.SendBatch(ctx, b)
-	var saved savedPlans
+	var saved SavedPlans
 	var ignore [3]string
-	if err := br.QueryRow().Scan(&saved.seqscan, &saved.nestloop, &saved.cacheMode, &ignore[0], &ignore[1], &ignore[2]); err != nil {
+	if err := br.QueryRow().Scan(&saved.Seqscan, &saved.Nestloop, &saved.CacheMode, &ignore[0], &ignore[1], &ignore[2]); err != nil {
 		_ = br.Close()
 		return nil, saved, err
 	}
@@ -102,10 +102,10 @@ func (r *batchRows) Close() {
 	_ = r.br.Close()
 }
 
-// pinnedExec runs sql with args behind pinPlansSQL in one pipeline.
-func pinnedExec(ctx context.Context, db batchSender, sql string, args ...any) error {
+// PinnedExec runs sql with args behind PinPlansSQL in one pipeline.
+func PinnedExec(ctx context.Context, db BatchSender, sql string, args ...any) error {
 	b := &pgx.Batch{}
-	b.Queue(pinPlansSQL)
+	b.Queue(PinPlansSQL)
 	b.Queue(sql, args...)
 	return db.SendBatch(ctx, b).Close()
 }

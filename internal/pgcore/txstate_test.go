@@ -1,13 +1,14 @@
-package jobs_test
+package pgcore_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
@@ -30,7 +31,7 @@ func TestCheckTxOpen(t *testing.T) {
 
 	t.Run("OpenTransactionPasses", func(t *testing.T) {
 		t.Parallel()
-		requireNoErr(t, jobs.CheckTxOpen(begin(t), "test"))
+		requireNoErr(t, pgcore.CheckTxOpen(begin(t), "test"))
 	})
 
 	for _, stmt := range []string{"ROLLBACK", "COMMIT", "rollback -- copied from a script", "END", "ABORT"} {
@@ -40,8 +41,8 @@ func TestCheckTxOpen(t *testing.T) {
 			// As a cascade runs it: extended protocol, named arguments.
 			_, err := tx.Exec(ctx, stmt, pgx.NamedArgs{"job_id": "x"})
 			requireNoErr(t, err)
-			err = jobs.CheckTxOpen(tx, "the on_failed cascade of type x")
-			requireIs(t, err, jobs.ErrTxEnded)
+			err = pgcore.CheckTxOpen(tx, "the on_failed cascade of type x")
+			requireIs(t, err, pgcore.ErrTxEnded)
 			if !strings.Contains(err.Error(), "the on_failed cascade of type x: the transaction is no longer open") {
 				t.Fatalf("error %q does not name what ended it", err)
 			}
@@ -62,7 +63,7 @@ func TestCheckTxOpen(t *testing.T) {
 		requireNoErr(t, err)
 		_, err = sp.Exec(ctx, "ROLLBACK")
 		requireNoErr(t, err)
-		requireIs(t, jobs.CheckTxOpen(sp, ""), jobs.ErrTxEnded)
+		requireIs(t, pgcore.CheckTxOpen(sp, ""), pgcore.ErrTxEnded)
 	})
 
 	t.Run("FailedTransactionIsRefused", func(t *testing.T) {
@@ -71,10 +72,34 @@ func TestCheckTxOpen(t *testing.T) {
 		if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 			t.Fatal("division by zero succeeded")
 		}
-		err := jobs.CheckTxOpen(tx, "")
-		requireIs(t, err, jobs.ErrTxEnded)
+		err := pgcore.CheckTxOpen(tx, "")
+		requireIs(t, err, pgcore.ErrTxEnded)
 		if !strings.Contains(err.Error(), "failed state") {
 			t.Fatalf("error %q does not say the transaction failed", err)
 		}
 	})
+}
+
+// requireNoErr fails the test on err.
+func requireNoErr(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// requireIs fails the test unless err wraps target.
+func requireIs(t *testing.T, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("err = %v, want %v", err, target)
+	}
+}
+
+// requireCount fails the test unless the integer query sql returns want.
+func requireCount(t *testing.T, db *jobstest.DB, want int64, sql string, args ...any) {
+	t.Helper()
+	if got := db.Count(t, sql, args...); got != want {
+		t.Fatalf("%s = %d, want %d", sql, got, want)
+	}
 }
