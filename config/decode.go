@@ -247,7 +247,7 @@ func statements(val any) ([]string, error) {
 }
 
 // display renders a value for an error message: secret settings only
-// through jobs.RedactURL, strings quoted.
+// through redact.URL, strings quoted.
 func display(s setting, val any) string {
 	if s.secret {
 		return redact.URL(fmt.Sprint(val))

@@ -56,7 +56,7 @@ func (e *FieldError) Error() string {
 //
 // database_url is required, since every command reads or writes the jobs
 // table. No URL's password appears in any message: URLs are shown through
-// jobs.RedactURL.
+// redact.URL.
 func (c Config) Validate() error {
 	var v validator
 	v.databaseURL(c.DatabaseURL)
@@ -151,7 +151,7 @@ func (v *validator) databaseURL(raw string) {
 		case !noScheme(raw):
 			v.addf("database_url", "database_url %s is not a valid PostgreSQL connection URL: use postgres://user:password@host:5432/db", redact.URL(raw))
 		case strings.Contains(raw, "="):
-			// A keyword=value string: jobs.RedactURL cannot redact it.
+			// A keyword=value string: redact.URL cannot redact it.
 			v.addf("database_url", "database_url (a keyword=value string, not shown: it may hold a password) is not a valid PostgreSQL connection string: use postgres://user:password@host:5432/db")
 		default:
 			v.addf("database_url", "database_url %s has no scheme: write it as a URL such as %s",
@@ -163,7 +163,7 @@ func (v *validator) databaseURL(raw string) {
 // noScheme reports whether raw lacks the "scheme://" a URL starts with.
 func noScheme(raw string) bool { return !strings.Contains(raw, "://") }
 
-// schemeless shows a value that has no scheme, which jobs.RedactURL cannot
+// schemeless shows a value that has no scheme, which redact.URL cannot
 // parse: a plain host:port as it is; with an "@", what follows it (what
 // precedes may be a password); anything else not at all, since it may be
 // a password in another form.

@@ -10,6 +10,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -17,7 +18,7 @@ import (
 // rule is the daemon-wide part of the stall rule in the CASES baseline:
 // stall timeout 15 min, minimum 11 min (2 x 5-min heartbeat + 1-min scan),
 // hard timeout 24 h.
-var rule = jobs.StallRule{
+var rule = pgstore.StallRule{
 	DefaultStallTimeout: 15 * time.Minute,
 	MinStallTimeout:     11 * time.Minute,
 	DefaultHardTimeout:  24 * time.Hour,
@@ -78,7 +79,7 @@ func reap(t *testing.T, store *jobs.Store, id string) bool {
 	if err != nil {
 		t.Fatalf("reading %s: %v", id, err)
 	}
-	reaped, _, err := store.Reap(context.Background(), jobs.ReapParams{
+	reaped, _, err := jobs.DaemonOf(store).Reap(context.Background(), pgstore.ReapParams{
 		JobID: id, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule,
 	})
 	if err != nil {

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,21 +40,6 @@ type Store struct {
 	events DB
 	// metrics are the worker library's series; nil without WithRegisterer.
 	metrics *workerMetrics
-	// leader is the leader lease reap transactions check before COMMIT;
-	// nil without WithLeaderLease.
-	leader *leaderFence
-	// leaderTTL is the leader lease's TTL (WithLeaderLeaseTTL), which
-	// bounds how long a reap transaction may sit idle; 0 when not given.
-	leaderTTL time.Duration
-	// beforeReapCommit, set by tests only, runs in each reap transaction
-	// after its leader lease check, just before COMMIT.
-	beforeReapCommit func()
-	// watch is the pool's ConnWatch (WithConnWatch) PassClock records
-	// outage ends from; nil without it.
-	watch *ConnWatch
-	// noTimeline is set once PostgreSQL refused pg_control_checkpoint() to
-	// this role: PassClock reads no timeline from then on.
-	noTimeline atomic.Bool
 }
 
 // StoreOption configures a Store.

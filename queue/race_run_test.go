@@ -142,7 +142,7 @@ func (r *raceRun) pass(ctx context.Context, ps passPlan) {
 	if ps.markersFail {
 		m = &failingMarkers{rec: r.rec}
 	}
-	rp := reaper.New(r.s.store, r.s.lister, m, reaper.Options{
+	rp := reaper.New(r.s.daemon, r.s.lister, m, reaper.Options{
 		Queues: []string{raceQueue, raceLiveQueue}, Rule: raceRule(r.plan.stall), Logger: r.log, Asynq: r.s.asynq,
 	})
 	res, err := rp.RunOnce(ctx)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -21,8 +22,8 @@ import (
 // raceRule is the stall rule of the passes of an interleaving whose plan
 // draws stall: every job type's max_runtime is 1 microsecond, so a job is
 // stalled once it made no progress for stall.
-func raceRule(stall time.Duration) jobs.StallRule {
-	return jobs.StallRule{DefaultStallTimeout: stall, MinStallTimeout: time.Microsecond, DefaultHardTimeout: jobs.HardTimeoutDefault}
+func raceRule(stall time.Duration) pgstore.StallRule {
+	return pgstore.StallRule{DefaultStallTimeout: stall, MinStallTimeout: time.Microsecond, DefaultHardTimeout: jobs.HardTimeoutDefault}
 }
 
 // raceSchema records, with the transaction that made it, every write of
@@ -104,8 +105,11 @@ type raceSuite struct {
 	db *jobstest.DB
 	// wide is db on a pool with room for every goroutine of an
 	// interleaving, for the product's own statements (jobstest's flows).
-	wide    *jobstest.DB
-	store   *jobs.Store
+	wide  *jobstest.DB
+	store *jobs.Store
+	// daemon is the reaper's and the operator commands' store over the
+	// same pool and cascades.
+	daemon  *pgstore.Store
 	rc      *redis.Client
 	markers *queue.MarkerStore
 	lister  *queue.IDLister
@@ -141,6 +145,7 @@ func newRaceSuite(t *testing.T) *raceSuite {
 	wide.Pool = pool
 	s := &raceSuite{db: db, wide: &wide, seen: map[string]int{}}
 	s.store = jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithCascades(raceCascades()), jobs.WithEventsDB(events))
+	s.daemon = pgstore.New(pool, pgstore.WithSchema(db.Schema), pgstore.WithCascades(raceCascades()))
 	if err := s.store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}

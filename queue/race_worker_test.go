@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -333,8 +334,8 @@ func (r *raceRun) requeue(ctx context.Context, id string, d jitter) {
 	if sn.Status != jobs.StatusFailed {
 		return
 	}
-	_, err = r.s.store.Requeue(ctx, jobs.RequeueParams{JobID: id, Status: sn.Status, Generation: sn.Generation, Reason: "race suite"})
-	if err != nil && !errors.Is(err, jobs.ErrChangedSinceRead) {
+	_, err = r.s.daemon.Requeue(ctx, pgstore.RequeueParams{JobID: id, Status: sn.Status, Generation: sn.Generation, Reason: "race suite"})
+	if err != nil && !errors.Is(err, pgstore.ErrChangedSinceRead) {
 		r.rec.lockedViolate("requeueing %s: %v", id, err)
 	}
 }

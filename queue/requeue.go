@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -22,8 +23,8 @@ var ErrRequeueRefused = errors.New("requeue refused")
 type RequeueStore interface {
 	EnqueueStore
 	// Requeue puts the job back to QUEUED with its generation raised, if
-	// it is still as read; jobs.ErrChangedSinceRead otherwise.
-	Requeue(ctx context.Context, p jobs.RequeueParams) (int64, error)
+	// it is still as read; pgstore.ErrChangedSinceRead otherwise.
+	Requeue(ctx context.Context, p pgstore.RequeueParams) (int64, error)
 }
 
 // Requeuer runs a FAILED or stale QUEUED job again: its row goes back to
@@ -94,7 +95,7 @@ type Requeued struct {
 // waiting task, WithReplaceWaiting, which Requeue then does), when asynq
 // holds no task at all (no payload to send: the product must enqueue the
 // job itself), and when the task's type is not the row's. Then: the row
-// goes back to QUEUED with its generation raised (jobs.Store.Requeue, a
+// goes back to QUEUED with its generation raised (pgstore.Store.Requeue, a
 // compare-and-set on what was read, so a job that moved meanwhile is
 // refused too, and the type's on_requeued cascade runs in its
 // transaction), the old task is deleted, and a new one is enqueued with
@@ -167,10 +168,10 @@ func (r *Requeuer) Requeue(ctx context.Context, jobID, reason string) (Requeued,
 	if out.ReplacedWaiting {
 		detail["replaced_waiting"] = true
 	}
-	gen, err := r.store.Requeue(ctx, jobs.RequeueParams{
+	gen, err := r.store.Requeue(ctx, pgstore.RequeueParams{
 		JobID: jobID, Status: row.Status, Generation: row.Generation, Reason: reason, Detail: detail,
 	})
-	if errors.Is(err, jobs.ErrChangedSinceRead) {
+	if errors.Is(err, pgstore.ErrChangedSinceRead) {
 		return refuse("the job changed while it was being requeued; run the command again")
 	}
 	if err != nil {

@@ -54,7 +54,7 @@ SELECT 'job-' || i, 'report.export', 'PROCESSING', 1, 'default', now(), now()
 				b.Fatal(err)
 			}
 			lister := &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: ids}}}
-			r := reaper.New(db.Store(), lister, markers, reaper.Options{Rule: baselineRule})
+			r := reaper.New(db.Daemon(), lister, markers, reaper.Options{Rule: baselineRule})
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -148,7 +149,7 @@ func TestCase_B26_SkippedCandidatesNeverHideALostJob(t *testing.T) {
 	waitLive(t, o.rc, "exports")
 
 	r := o.lostReaper(t, o.rc, nil)
-	limit := (2001 + jobs.LostCandidatesLimitDefault - 1) / jobs.LostCandidatesLimitDefault
+	limit := (2001 + pgstore.LostCandidatesLimitDefault - 1) / pgstore.LostCandidatesLimitDefault
 	for pass := 1; o.db.Read(t, "J26").Status != jobs.StatusFailed; pass++ {
 		if pass > limit {
 			t.Fatalf("J26 is not reaped after %d passes", limit)

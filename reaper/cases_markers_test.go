@@ -91,7 +91,7 @@ func TestCase_B38_OneBadMarkerKeyDoesNotStopTheRepair(t *testing.T) {
 		log := slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 		// The live server serveBlocking runs serves q in a.rc: marker
 		// repair is not held.
-		return reaper.New(db.Store(), lister, markers, reaper.Options{Queues: []string{q}, Rule: baselineRule, Logger: log, Metrics: metrics,
+		return reaper.New(db.Daemon(), lister, markers, reaper.Options{Queues: []string{q}, Rule: baselineRule, Logger: log, Metrics: metrics,
 			Asynq: queue.NewStatusReader(a.rc, 0)})
 	}
 	markersFailed := func() float64 { return metricValue(t, reg, "jobreaper_markers_failed_total", nil) }

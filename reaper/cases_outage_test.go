@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -34,7 +35,7 @@ const (
 	outageLength = outageStall + outageHeartbeat
 )
 
-var outageRule = jobs.StallRule{DefaultStallTimeout: outageStall, MinStallTimeout: 2*outageHeartbeat + outageInterval,
+var outageRule = pgstore.StallRule{DefaultStallTimeout: outageStall, MinStallTimeout: 2*outageHeartbeat + outageInterval,
 	DefaultHardTimeout: jobs.HardTimeoutDefault}
 
 // outageWorkers are asynq workers on the real Redis whose handlers, run
@@ -196,7 +197,7 @@ type outageDB struct {
 
 func (d outageDB) table(name string) string { return pgx.Identifier{d.schema, name}.Sanitize() }
 
-func (d outageDB) store() *jobs.Store { return jobs.NewStore(d.pool, jobs.WithSchema(d.schema)) }
+func (d outageDB) store() *pgstore.Store { return pgstore.New(d.pool, pgstore.WithSchema(d.schema)) }
 
 // now reads the database clock.
 func (d outageDB) now(t *testing.T) time.Time {
@@ -230,9 +231,9 @@ func (d outageDB) outage(t *testing.T) (end time.Time, cause string) {
 }
 
 // evidence reads the evidence of job id's reaped event.
-func (d outageDB) evidence(t *testing.T, id string) jobs.Evidence {
+func (d outageDB) evidence(t *testing.T, id string) pgstore.Evidence {
 	t.Helper()
-	var ev jobs.Evidence
+	var ev pgstore.Evidence
 	if err := d.pool.QueryRow(t.Context(), `SELECT detail FROM `+d.table("job_events")+` WHERE job_id = $1 AND kind = 'reaped'`, id).
 		Scan(&ev); err != nil {
 		t.Fatalf("reading the reaped event of %s: %v", id, err)
@@ -300,9 +301,9 @@ func runSharedOutage(t *testing.T, nLive int, withHung bool) *sharedOutage {
 	// The workers' pool and the daemon's, each cut on its own.
 	workerCut := o.db.Cuttable(t)
 	workerStore := jobs.NewStore(workerCut.Pool, jobs.WithSchema(o.db.Schema), jobs.WithOpTimeout(2*time.Second))
-	watch := jobs.NewConnWatch(2 * time.Second)
+	watch := pgstore.NewConnWatch(2 * time.Second)
 	daemonCut := o.db.Cuttable(t, watch.Install)
-	daemonStore := jobs.NewStore(daemonCut.Pool, jobs.WithSchema(o.db.Schema), jobs.WithOpTimeout(2*time.Second), jobs.WithConnWatch(watch))
+	daemonStore := pgstore.New(daemonCut.Pool, pgstore.WithSchema(o.db.Schema), pgstore.WithOpTimeout(2*time.Second), pgstore.WithConnWatch(watch))
 
 	w := startOutageWorkers(t, a, q, workerStore, markers, len(ids)+2)
 	w.enqueue(t, o.admin, ids)
@@ -442,10 +443,10 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	if err := db.Pool.QueryRow(ctx, `SELECT outage_end FROM reaper_outages`).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	watch := jobs.NewConnWatch(2 * time.Second)
+	watch := pgstore.NewConnWatch(2 * time.Second)
 	daemonCut := db.Cuttable(t, watch.Install)
-	store := jobs.NewStore(daemonCut.Pool, jobs.WithSchema(db.Schema), jobs.WithConnWatch(watch),
-		jobs.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{`SELECT fail_for(@job_id)`}}}))
+	store := pgstore.New(daemonCut.Pool, pgstore.WithSchema(db.Schema), pgstore.WithConnWatch(watch),
+		pgstore.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{`SELECT fail_for(@job_id)`}}}))
 	if err := store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -535,8 +536,8 @@ func TestCase_B47_ARestartWhileTheDaemonWasDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	daemon := func() *reaper.Reaper {
-		watch := jobs.NewConnWatch(2 * time.Second)
-		s := jobs.NewStore(connect(watch.Install), jobs.WithSchema(schema), jobs.WithOpTimeout(2*time.Second), jobs.WithConnWatch(watch))
+		watch := pgstore.NewConnWatch(2 * time.Second)
+		s := pgstore.New(connect(watch.Install), pgstore.WithSchema(schema), pgstore.WithOpTimeout(2*time.Second), pgstore.WithConnWatch(watch))
 		return reaper.New(s, lister, markers, reaper.Options{Queues: []string{q}, Interval: outageInterval, Rule: outageRule,
 			OutageGrace: true, Logger: testLogger(t), Asynq: queue.NewStatusReader(a.rc, 0)})
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -118,7 +119,7 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	r := reaper.New(db.Store(), lister, markers, reaper.Options{
+	r := reaper.New(db.Daemon(), lister, markers, reaper.Options{
 		Queues: []string{qOdd, qB, qC}, Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg),
 	})
 	res, err := runOnce(t, ctx, r)
@@ -144,7 +145,7 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 // failingLoadStore fails the load of every batch that holds one of its
 // IDs, as PostgreSQL does for a batch holding an ID it cannot store.
 type failingLoadStore struct {
-	*jobs.Store
+	*pgstore.Store
 	poison string
 }
 
@@ -166,7 +167,7 @@ func TestCase_B33_FailedBatchLoadStopsNeitherOtherBatchesNorTheLostTaskSearch(t 
 		b.stalled(t, id)
 	}
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1", "J2", "J3"}}
-	r := reaper.New(&failingLoadStore{Store: b.db.Store(), poison: "J2"}, b.lister, b.markers,
+	r := reaper.New(&failingLoadStore{Store: b.db.Daemon(), poison: "J2"}, b.lister, b.markers,
 		reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics, LoadBatch: 1})
 	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Reaped != 3 || res.ReapedBy["stalled"] != 2 || res.ReapedBy["lost_task"] != 1 || res.Errors != 1 {

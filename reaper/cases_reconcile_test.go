@@ -51,7 +51,7 @@ func (o *ownRedis) reaper(t *testing.T, lister reaper.Lister, set func(*reaper.O
 	if set != nil {
 		set(&opts)
 	}
-	return reaper.New(o.db.Store(), lister, o.markers, opts)
+	return reaper.New(o.db.Daemon(), lister, o.markers, opts)
 }
 
 // reapOne reaps job id (stalled, listed active in queue "q") by a real

@@ -58,11 +58,11 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		if row := b.db.Read(t, "J15"); row.Status != jobs.StatusProcessing {
 			t.Fatalf("J15 = %+v, want PROCESSING (0 FAILED writes)", row)
 		}
-		snap, err := b.db.Store().Get(context.Background(), "J15")
+		snap, err := b.db.Daemon().Get(context.Background(), "J15")
 		if err != nil {
 			t.Fatal(err)
 		}
-		now, _ := b.db.Store().Now(context.Background())
+		now, _ := b.db.Daemon().Now(context.Background())
 		v := reaper.Decide(&snap, now, baselineRule)
 		if want := "stall timeout 5m0s is below 2 x heartbeat interval + scan interval = 11m0s"; v.Why != want {
 			t.Fatalf("bad_limits rule = %q, want %q", v.Why, want)

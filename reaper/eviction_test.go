@@ -47,7 +47,7 @@ func evictionReaper(t *testing.T, srv *redistest.Server) (*reaper.Reaper, *prome
 	reg := prometheus.NewRegistry()
 	logs := &evictionLogs{}
 	clock := clockwork.NewFakeClock()
-	r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{"none": {}}}, markers, reaper.Options{
+	r := reaper.New(db.Daemon(), &fakeLister{queues: map[string]queue.ActiveTasks{"none": {}}}, markers, reaper.Options{
 		Queues: []string{"none"}, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Clock: clock, Eviction: queue.NewPolicyReader(client, 0),
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, scanGuard{t}), &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})

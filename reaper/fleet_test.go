@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -78,7 +79,7 @@ func TestCase_B31_ReplicasCompareTheSettingsThatDecideAReap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := jobstest.New(t)
-	store := db.Store()
+	store := db.Daemon()
 	queues := []string{"reports"}
 	type replica struct {
 		lease *reaper.LeaderLease
@@ -89,7 +90,7 @@ func TestCase_B31_ReplicasCompareTheSettingsThatDecideAReap(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		log := &logBuffer{}
 		settings := reaper.NewSettings(time.Minute, 5*time.Minute, stall, queues, nil)
-		l := reaper.NewLeaderLease(store, queues, jobs.NewLeaderLeaseHolder(time.Now()), time.Minute, settings,
+		l := reaper.NewLeaderLease(store, queues, pgstore.NewLeaderLeaseHolder(time.Now()), time.Minute, settings,
 			slog.New(slog.NewTextHandler(log, nil)), reaper.NewMetrics(reg))
 		return replica{l, reg, log}
 	}

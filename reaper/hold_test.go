@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -114,13 +115,13 @@ func (w *stormWorld) reaper(t *testing.T, queues []string, set ...func(*reaper.O
 	for _, f := range set {
 		f(&o)
 	}
-	return reaper.New(w.db.Store(), w.lister, w.markers, o), reg
+	return reaper.New(w.db.Daemon(), w.lister, w.markers, o), reg
 }
 
 // holds returns every reaper_holds row, in ID order.
-func (w *stormWorld) holds(t *testing.T) []jobs.Hold {
+func (w *stormWorld) holds(t *testing.T) []pgstore.Hold {
 	t.Helper()
-	var out []jobs.Hold
+	var out []pgstore.Hold
 	rows, err := w.db.Pool.Query(t.Context(), `SELECT id, queues, types, held, judged, tripped, started_at, until,
        released_at, coalesce(released_by, ''), coalesce(reason, ''), drained FROM reaper_holds ORDER BY id`)
 	if err != nil {
@@ -128,7 +129,7 @@ func (w *stormWorld) holds(t *testing.T) []jobs.Hold {
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var h jobs.Hold
+		var h pgstore.Hold
 		if err := rows.Scan(&h.ID, &h.Queues, &h.Types, &h.Held, &h.Judged, &h.Tripped, &h.StartedAt, &h.Until,
 			&h.ReleasedAt, &h.ReleasedBy, &h.Reason, &h.Drained); err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -49,7 +50,7 @@ type AsynqState interface {
 // found so far in the cycle (reaped together at its end, or not at all).
 type lostState struct {
 	mu     sync.Mutex
-	cursor jobs.LostCursor
+	cursor pgstore.LostCursor
 	found  []jobs.Snapshot
 	// over: the cycle found more than the limit (found stops growing).
 	over bool
@@ -62,7 +63,7 @@ type lostState struct {
 // its task's last attempt or Redis lost its data.
 //
 // Candidates are visited by the keyset (updated_at, id), one page
-// (jobs.LostCandidatesLimitDefault rows) per daemon pass, the cursor kept
+// (pgstore.LostCandidatesLimitDefault rows) per daemon pass, the cursor kept
 // across passes so that rows skipped as awaiting_retry or lost_held can
 // never hide the ones behind them; with Options.Once every page is
 // visited. Their tasks are looked up in one pipeline per page. A lost job
@@ -92,8 +93,8 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 	held := map[string][]string{}
 	defer r.warnHeld(held)
 	for ctx.Err() == nil {
-		cands, err := r.store.ListLostCandidates(ctx, jobs.LostCandidatesParams{
-			Queues: listed, Active: active, Rule: res.rule, Limit: jobs.LostCandidatesLimitDefault, After: st.cursor,
+		cands, err := r.store.ListLostCandidates(ctx, pgstore.LostCandidatesParams{
+			Queues: listed, Active: active, Rule: res.rule, Limit: pgstore.LostCandidatesLimitDefault, After: st.cursor,
 		})
 		if err != nil {
 			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
@@ -105,7 +106,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 		}
 		if len(cands) > 0 {
 			last := cands[len(cands)-1]
-			st.cursor = jobs.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+			st.cursor = pgstore.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 		}
 		if r.opts.MaxLostPerPass <= 0 {
 			r.reapSet(ctx, keepAll(lost), jobs.ReasonLostTask, res)
@@ -115,7 +116,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 				st.over, st.found = true, nil
 			}
 		}
-		if len(cands) < jobs.LostCandidatesLimitDefault {
+		if len(cands) < pgstore.LostCandidatesLimitDefault {
 			r.endCycle(ctx, live, noLease, now, res)
 			return
 		}
@@ -208,7 +209,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 func (r *Reaper) endCycle(ctx context.Context, live *liveServers, noLease map[string]bool, now time.Time, res *Result) {
 	st := &r.lost
 	found, over := st.found, st.over
-	st.cursor, st.found, st.over = jobs.LostCursor{}, nil, false
+	st.cursor, st.found, st.over = pgstore.LostCursor{}, nil, false
 	if r.opts.MaxLostPerPass <= 0 {
 		return
 	}

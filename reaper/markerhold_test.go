@@ -163,7 +163,7 @@ func TestLiveServersThatCannotBeReadHoldMarkersAndCountOneError(t *testing.T) {
 	b.db.Insert(t, jobstest.Job{ID: "L1", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(2 * time.Hour), IdleAgo: time.Hour})
 	b.lister.queues["default"] = queue.ActiveTasks{}
-	r := reaper.New(b.db.Store(), b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), Once: true,
+	r := reaper.New(b.db.Daemon(), b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), Once: true,
 		Asynq: liveFails{b.lister}})
 	res, err := runOnce(t, t.Context(), r)
 	if err != nil || res.Errors != 1 || res.MarkersHeld != 1 || res.Reaped != 0 {

@@ -9,13 +9,13 @@ import (
 
 // Names that come from outside jobreaper (queue names from asynq:queues
 // or from jobs rows, task IDs, job types from job_types) pass one check,
-// jobs.CheckName (task IDs: jobs.CheckID), before they reach a metric label
+// idcheck.CheckName (task IDs: jobs.CheckID), before they reach a metric label
 // or a SQL parameter: another client sharing the Redis can SADD any bytes
 // into asynq:queues, and asynq's own client accepts a queue name holding a
 // NUL byte. Prometheus's client panics on a label value that is not valid
 // UTF-8, and PostgreSQL refuses a whole statement over one such text value.
 
-// invalidLabel is the label value a name that fails jobs.CheckName is
+// invalidLabel is the label value a name that fails idcheck.CheckName is
 // counted under (a job type or a queue of a reaped job, a queue of a stale
 // QUEUED row): such a name can be no label value, and its count must not
 // be lost.
@@ -63,7 +63,7 @@ func (b *badQueueNames) first(name string) bool {
 }
 
 // checkQueues returns the queues of the pass without those whose name
-// jobs.CheckName refuses: each such name is skipped for the pass (neither
+// idcheck.CheckName refuses: each such name is skipped for the pass (neither
 // listed, nor looked for lost tasks, nor sent to PostgreSQL, nor a label),
 // counted in Result.BadQueueNames and jobreaper_bad_queue_names, and
 // warned about, quoted, once per process. queues is not modified.

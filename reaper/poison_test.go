@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -33,7 +34,7 @@ func TestReapOneFailingCascadeDoesNotStopTheOthers(t *testing.T) {
 	cascades := jobs.Cascades{"report.export": {OnFailed: []string{
 		`UPDATE ` + db.Schema + `.parents SET failed = failed + 1 WHERE id = @parent_id`,
 	}}}
-	store := db.Store(jobs.WithCascades(cascades))
+	store := db.Daemon(pgstore.WithCascades(cascades))
 	if err := store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -68,11 +69,11 @@ func TestReapOneFailingCascadeDoesNotStopTheOthers(t *testing.T) {
 // hookedStore runs a hook before ListMissingMarkers, the first database
 // read of a pass after the clock.
 type hookedStore struct {
-	*jobs.Store
+	*pgstore.Store
 	beforeRepair func() error
 }
 
-func (h *hookedStore) ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error) {
+func (h *hookedStore) ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]pgstore.MissingMarker, error) {
 	if err := h.beforeRepair(); err != nil {
 		return nil, err
 	}
@@ -95,7 +96,7 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		defer cancel()
 		reg := prometheus.NewRegistry()
 		lister := &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: []string{"J1"}}}, failed: map[string]error{}}
-		r := reaper.New(&hookedStore{Store: db.Store(), beforeRepair: func() error { return hook(cancel) }}, lister,
+		r := reaper.New(&hookedStore{Store: db.Daemon(), beforeRepair: func() error { return hook(cancel) }}, lister,
 			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
 		res, err := runOnce(t, ctx, r)
 		if err != nil {
@@ -128,7 +129,7 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
 		reg := prometheus.NewRegistry()
-		r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}},
+		r := reaper.New(db.Daemon(), &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}},
 			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -124,7 +125,7 @@ func setup(t *testing.T, opts ...func(*reaper.Options)) *bundle {
 	for _, f := range opts {
 		f(&o)
 	}
-	b.reaper = reaper.New(db.Store(), b.lister, b.markers, o)
+	b.reaper = reaper.New(db.Daemon(), b.lister, b.markers, o)
 	return b
 }
 
@@ -283,7 +284,7 @@ func TestRunOnce(t *testing.T) {
 		b := setup(t)
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
-		r := reaper.New(b.db.Store(), b.lister, brokenMarkers{},
+		r := reaper.New(b.db.Daemon(), b.lister, brokenMarkers{},
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
 		res, err := runOnce(t, ctx, r)
 		if err != nil || res.Reaped != 1 || res.Errors != 1 {
@@ -296,7 +297,7 @@ func TestRunOnce(t *testing.T) {
 		// of its 7 days (here the reap is 2 hours old), and records it.
 		b.db.Exec(t, `UPDATE jobs SET finished_at = finished_at - interval '2 hours' WHERE id = 'J1'`)
 		counting := &countingMarkers{MarkerStore: b.markers}
-		r = reaper.New(b.db.Store(), b.lister, counting,
+		r = reaper.New(b.db.Daemon(), b.lister, counting,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
 		if res, err := runOnce(t, ctx, r); err != nil || res.Errors != 0 || res.Reaped != 0 {
 			t.Fatalf("repair pass result = %+v, err = %v", res, err)
@@ -333,7 +334,7 @@ func TestRunOnce(t *testing.T) {
 		b.stalled(t, "J1")
 		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
 		// The job progresses between the pass's read and its reap.
-		store := &progressingStore{Store: b.db.Store(), db: b.db, t: t}
+		store := &progressingStore{Store: b.db.Daemon(), db: b.db, t: t}
 		r := reaper.New(store, b.lister, b.markers,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
 		res, err := runOnce(t, ctx, r)
@@ -351,7 +352,7 @@ func TestRunOnce(t *testing.T) {
 
 // progressingStore moves the job's updated_at after the pass read it.
 type progressingStore struct {
-	*jobs.Store
+	*pgstore.Store
 	db *jobstest.DB
 	t  *testing.T
 }

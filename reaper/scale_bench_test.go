@@ -25,6 +25,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -51,7 +52,7 @@ type scaleWorld struct {
 	rdb    *redis.Client
 	queues []string
 	ids    []string
-	store  *jobs.Store
+	store  *pgstore.Store
 	reaper *reaper.Reaper
 }
 
@@ -102,7 +103,7 @@ SELECT 'done-' || lpad(i::text, 8, '0'), 'bench.task', CASE WHEN i % 20 = 0 THEN
 			b.Fatal(err)
 		}
 	}
-	w.store = w.db.Store(jobs.WithCascades(cascades))
+	w.store = w.db.Daemon(pgstore.WithCascades(cascades))
 	lister, err := queue.NewIDLister(w.rdb)
 	if err != nil {
 		b.Fatal(err)
@@ -179,8 +180,8 @@ func (w *scaleWorld) floor(ctx context.Context) (int, error) {
   FROM ` + schema + `.jobs j LEFT JOIN ` + schema + `.job_types t ON t.name = j.type
  WHERE j.id = ANY($1)`
 	read := 0
-	for start := 0; start < len(ids); start += jobs.LoadBatchSize {
-		rows, err := w.db.Pool.Query(ctx, sql, pgx.QueryExecModeExec, ids[start:min(start+jobs.LoadBatchSize, len(ids))])
+	for start := 0; start < len(ids); start += pgstore.LoadBatchSize {
+		rows, err := w.db.Pool.Query(ctx, sql, pgx.QueryExecModeExec, ids[start:min(start+pgstore.LoadBatchSize, len(ids))])
 		if err != nil {
 			return 0, err
 		}
@@ -325,11 +326,11 @@ func (w *scaleWorld) reset(b *testing.B) {
 func (w *scaleWorld) reapFloor(ctx context.Context) (int64, error) {
 	schema := pgx.Identifier{w.db.Schema}.Sanitize()
 	var n int64
-	for start := 0; start < len(w.ids); start += jobs.ReapBatchSize {
+	for start := 0; start < len(w.ids); start += pgstore.ReapBatchSize {
 		batch := &pgx.Batch{}
 		batch.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)`)
 		batch.Queue(`UPDATE `+schema+`.jobs j SET status = 'FAILED', failure_reason = 'stalled', finished_at = now()
-  FROM unnest($1::text[]) AS u(id) WHERE j.id = u.id`, w.ids[start:min(start+jobs.ReapBatchSize, len(w.ids))])
+  FROM unnest($1::text[]) AS u(id) WHERE j.id = u.id`, w.ids[start:min(start+pgstore.ReapBatchSize, len(w.ids))])
 		br := w.db.Pool.SendBatch(ctx, batch)
 		_, err := br.Exec()
 		if err == nil {
@@ -358,7 +359,7 @@ func BenchmarkScaleReap(b *testing.B) {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			w := newScaleWorld(b, n, 31*time.Minute, 21*time.Minute, nil)
 			parents := pgx.Identifier{w.db.Schema, "parents"}.Sanitize()
-			w.store = w.db.Store(jobs.WithCascades(jobs.Cascades{"bench.task": {OnFailed: []string{
+			w.store = w.db.Daemon(pgstore.WithCascades(jobs.Cascades{"bench.task": {OnFailed: []string{
 				`UPDATE ` + parents + ` SET failed = failed + 1 WHERE id = @parent_id`,
 			}}}))
 			lister, _ := queue.NewIDLister(w.rdb)

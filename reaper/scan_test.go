@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -14,7 +15,7 @@ import (
 
 // loadCountingStore counts how often each ID is loaded.
 type loadCountingStore struct {
-	*jobs.Store
+	*pgstore.Store
 	mu    sync.Mutex
 	loads map[string]int
 }
@@ -42,7 +43,7 @@ func TestAnIDListedTwiceIsLoadedAndJudgedOnce(t *testing.T) {
 			StartedAgo: jobstest.Ago(5 * time.Minute), IdleAgo: time.Minute})
 		b.lister.queues["a"] = queue.ActiveTasks{IDs: []string{"J1", "J2", "J2"}}
 		b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"J3", "J2", "J1"}}
-		store := &loadCountingStore{Store: b.db.Store(), loads: map[string]int{}}
+		store := &loadCountingStore{Store: b.db.Daemon(), loads: map[string]int{}}
 		r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 			Queues: []string{"a", "b"}, LoadBatch: batch})
 		res, err := runOnce(t, context.Background(), r)
@@ -73,7 +74,7 @@ func TestCopiesListedOutOfOrderAreLoadedOnce(t *testing.T) {
 		b.stalled(t, id)
 	}
 	b.lister.queues["default"] = queue.ActiveTasks{IDs: listed}
-	store := &loadCountingStore{Store: b.db.Store(), loads: map[string]int{}}
+	store := &loadCountingStore{Store: b.db.Daemon(), loads: map[string]int{}}
 	r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), LoadBatch: 2})
 	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Reaped != 6 || res.ReapedBy["stalled"] != 6 || res.ReapedBy["lost_task"] != 0 || res.Errors != 0 {

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
@@ -21,7 +21,7 @@ const (
 // far, published to the gauge when the cycle ends.
 type staleState struct {
 	mu     sync.Mutex
-	cursor jobs.StaleCursor
+	cursor pgstore.StaleCursor
 	counts map[string]int
 }
 
@@ -61,7 +61,7 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 		if !r.opts.Once {
 			limit = min(limit, budget)
 		}
-		page, err := r.store.ListStaleQueued(ctx, jobs.StaleQueuedParams{
+		page, err := r.store.ListStaleQueued(ctx, pgstore.StaleQueuedParams{
 			Older: r.opts.StaleQueuedAfter, Queues: r.opts.Queues, After: st.cursor, Limit: limit,
 		})
 		if err != nil {
@@ -90,11 +90,11 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 		if len(page) < limit {
 			// The end of the old QUEUED rows: publish the cycle's counts.
 			r.opts.Metrics.staleQueuedCounts(st.counts)
-			st.cursor, st.counts = jobs.StaleCursor{}, nil
+			st.cursor, st.counts = pgstore.StaleCursor{}, nil
 			return
 		}
 		last := page[len(page)-1]
-		st.cursor = jobs.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+		st.cursor = pgstore.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 		if !r.opts.Once {
 			if budget -= len(page); budget <= 0 {
 				return

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -77,7 +78,7 @@ codes: 0 every job was cancelled, 1 a job was refused or a follow-up
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
 			}
-			if err := jobs.CheckOperatorReason(reason); err != nil {
+			if err := pgstore.CheckOperatorReason(reason); err != nil {
 				return cannotRun("cancel needs --reason TEXT, recorded in each job's event: %v", strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
 			}
 			d, cfg, log, err := a.openOps(cmd, config.CancelKeys, true, true)
@@ -134,7 +135,7 @@ type jobCanceller struct {
 // cancel cancels job id and says what it did, or why it did nothing.
 func (c jobCanceller) cancel(ctx context.Context, id string) cancelLine {
 	line := cancelLine{JobID: id}
-	res, err := c.d.store.Cancel(ctx, jobs.CancelParams{JobID: id, Reason: c.reason, Operator: c.operator})
+	res, err := c.d.store.Cancel(ctx, pgstore.CancelParams{JobID: id, Reason: c.reason, Operator: c.operator})
 	switch {
 	case errors.Is(err, jobs.ErrBadID):
 		line.Outcome, line.Message = outcomeRefused, strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.Cancel: "), ": "+jobs.ErrBadID.Error())

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -94,8 +95,8 @@ func TestCase_B28_TaskArchivedBeforeAnyMiddlewareRan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reaper.New(f.store, lister, markers, reaper.Options{Queues: []string{f.q}, Metrics: reaper.NewMetrics(reg),
-		Asynq: queue.NewStatusReader(f.rdb, 0), Rule: jobs.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute,
+	if _, err := reaper.New(f.db.Daemon(), lister, markers, reaper.Options{Queues: []string{f.q}, Metrics: reaper.NewMetrics(reg),
+		Asynq: queue.NewStatusReader(f.rdb, 0), Rule: pgstore.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute,
 			DefaultHardTimeout: jobs.HardTimeoutDefault}}).RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}

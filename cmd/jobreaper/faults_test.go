@@ -48,7 +48,7 @@ const (
 	// stops per run.
 	faultServiceMin = 4
 	// faultJobsPerRound stalled jobs are added before each fault: two reap
-	// batches (jobs.ReapBatchSize is 1,000), so that a fault can fall
+	// batches (pgstore.ReapBatchSize is 1,000), so that a fault can fall
 	// between two committed batches, between a commit and its markers, or
 	// inside a transaction.
 	faultJobsPerRound = 1500

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -48,7 +48,7 @@ func (m *runMode) register(cmd *cobra.Command) {
 // nothing (run --once, --leader-lease=false).
 type leaderSetup struct {
 	on     bool
-	holder jobs.LeaderLeaseHolder
+	holder pgstore.LeaderLeaseHolder
 	key    string
 	// ttl is the leader lease's TTL, which also bounds how long a reap
 	// transaction may sit idle holding the leader lease row.
@@ -64,24 +64,24 @@ func (m runMode) leader(cfg config.Config, log *slog.Logger) leaderSetup {
 		}
 		return leaderSetup{}
 	}
-	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues),
+	return leaderSetup{on: true, holder: pgstore.NewLeaderLeaseHolder(time.Now()), key: pgstore.LeaderLeaseKey(cfg.Queues),
 		ttl: reaper.LeaderLeaseTTL(cfg.Interval)}
 }
 
 // storeOptions makes the Store's reap transactions check the leader lease
 // before COMMIT, holding its row until then, and sit idle for at most its
 // TTL, when the daemon uses one.
-func (l leaderSetup) storeOptions() []jobs.StoreOption {
+func (l leaderSetup) storeOptions() []pgstore.Option {
 	if !l.on {
 		return nil
 	}
-	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID), jobs.WithLeaderLeaseTTL(l.ttl)}
+	return []pgstore.Option{pgstore.WithLeaderLease(l.key, l.holder.ID), pgstore.WithLeaderLeaseTTL(l.ttl)}
 }
 
 // fleetOptions sets the reaper options of the leader lease and cancel on
 // reap. Its error says the Redis URL cannot be named for the settings
 // drift check (which connecting to it has already refused).
-func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) error {
+func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) error {
 	if l.on {
 		settings, err := m.settings(cfg)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -32,32 +33,32 @@ const taskStateUnknown = "unknown"
 // inspectDoc is the JSON form of `jobreaper inspect --output json`. Times
 // are the database's; durations are seconds.
 type inspectDoc struct {
-	JobID           string             `json:"job_id"`
-	Status          string             `json:"status"`
-	Type            string             `json:"type"`
-	Queue           string             `json:"queue"`
-	FailureReason   string             `json:"failure_reason"`
-	Generation      int64              `json:"generation"`
-	FirstGeneration int64              `json:"first_generation"`
-	Worker          string             `json:"worker"`
-	ParentID        string             `json:"parent_id"`
-	TenantID        string             `json:"tenant_id"`
-	Limits          *limitsDoc         `json:"limits"`
-	DBNow           time.Time          `json:"db_now"`
-	CreatedAt       time.Time          `json:"created_at"`
-	StartedAt       *time.Time         `json:"started_at"`
-	UpdatedAt       time.Time          `json:"updated_at"`
-	FinishedAt      *time.Time         `json:"finished_at"`
-	RuntimeSeconds  *float64           `json:"runtime_seconds"`
-	IdleSeconds     float64            `json:"idle_seconds"`
-	Cursor          int64              `json:"cursor"`
-	Total           *int64             `json:"total"`
-	Batches         batchesDoc         `json:"batches"`
-	EventCount      int64              `json:"event_count"`
-	Events          []jobs.EventRecord `json:"events"`
-	MarkerSetAt     *time.Time         `json:"marker_set_at"`
-	Marker          markerDoc          `json:"marker"`
-	TaskState       string             `json:"task_state"`
+	JobID           string                `json:"job_id"`
+	Status          string                `json:"status"`
+	Type            string                `json:"type"`
+	Queue           string                `json:"queue"`
+	FailureReason   string                `json:"failure_reason"`
+	Generation      int64                 `json:"generation"`
+	FirstGeneration int64                 `json:"first_generation"`
+	Worker          string                `json:"worker"`
+	ParentID        string                `json:"parent_id"`
+	TenantID        string                `json:"tenant_id"`
+	Limits          *limitsDoc            `json:"limits"`
+	DBNow           time.Time             `json:"db_now"`
+	CreatedAt       time.Time             `json:"created_at"`
+	StartedAt       *time.Time            `json:"started_at"`
+	UpdatedAt       time.Time             `json:"updated_at"`
+	FinishedAt      *time.Time            `json:"finished_at"`
+	RuntimeSeconds  *float64              `json:"runtime_seconds"`
+	IdleSeconds     float64               `json:"idle_seconds"`
+	Cursor          int64                 `json:"cursor"`
+	Total           *int64                `json:"total"`
+	Batches         batchesDoc            `json:"batches"`
+	EventCount      int64                 `json:"event_count"`
+	Events          []pgstore.EventRecord `json:"events"`
+	MarkerSetAt     *time.Time            `json:"marker_set_at"`
+	Marker          markerDoc             `json:"marker"`
+	TaskState       string                `json:"task_state"`
 	// TaskTimeoutSeconds and TaskDeadline are the asynq task's Timeout and
 	// Deadline, as the producer enqueued it (asynq cancels a handler at the
 	// earlier of the two); null when the task has none, or asynq does not
@@ -76,8 +77,8 @@ type limitsDoc struct {
 }
 
 type batchesDoc struct {
-	Count int64              `json:"count"`
-	Last  []jobs.BatchRecord `json:"last"`
+	Count int64                 `json:"count"`
+	Last  []pgstore.BatchRecord `json:"last"`
 }
 
 type markerDoc struct {
@@ -178,10 +179,10 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		EventCount: rec.EventCount, Events: rec.Events, MarkerSetAt: rec.MarkerSetAt,
 	}
 	if doc.Batches.Last == nil {
-		doc.Batches.Last = []jobs.BatchRecord{}
+		doc.Batches.Last = []pgstore.BatchRecord{}
 	}
 	if doc.Events == nil {
-		doc.Events = []jobs.EventRecord{}
+		doc.Events = []pgstore.EventRecord{}
 	}
 	if rec.Runtime != nil {
 		s := rec.Runtime.Seconds()

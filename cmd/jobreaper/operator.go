@@ -15,13 +15,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
 // opsDeps are what an operator command works with; close releases them.
 type opsDeps struct {
-	store   *jobs.Store
+	store   *pgstore.Store
 	rdb     redis.UniversalClient // nil for commands that use only PostgreSQL
 	markers *queue.MarkerStore
 	close   func()
@@ -36,11 +36,11 @@ func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRe
 	if err != nil {
 		return nil, err
 	}
-	opts := []jobs.StoreOption{jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout)}
+	opts := []pgstore.Option{pgstore.WithSchema(cfg.Schema), pgstore.WithOpTimeout(cfg.OpTimeout)}
 	if cascades {
-		opts = append(opts, jobs.WithCascades(cfg.Cascades))
+		opts = append(opts, pgstore.WithCascades(cfg.Cascades))
 	}
-	d := &opsDeps{store: jobs.NewStore(pool, opts...), close: pool.Close}
+	d := &opsDeps{store: pgstore.New(pool, opts...), close: pool.Close}
 	if cascades {
 		if err := d.store.PrepareCascades(ctx); err != nil {
 			pool.Close()
@@ -139,7 +139,7 @@ and records nothing. It contacts only PostgreSQL.`,
 			if err != nil {
 				return cannotRun("--older-than %q: %v", olderThan, err)
 			}
-			if age < jobs.PruneMinAge {
+			if age < pgstore.PruneMinAge {
 				return &exitError{code: exitPassErrors, err: fmt.Errorf(
 					"refused: --older-than %s is less than 8 days; a reaped job's marker lives 7 days, and its history is kept for a day more; nothing deleted", olderThan)}
 			}
@@ -148,7 +148,7 @@ and records nothing. It contacts only PostgreSQL.`,
 				return err
 			}
 			defer d.close()
-			res, err := d.store.Prune(cmd.Context(), jobs.PruneParams{OlderThan: age, DryRun: dryRun, Operator: operatorName()})
+			res, err := d.store.Prune(cmd.Context(), pgstore.PruneParams{OlderThan: age, DryRun: dryRun, Operator: operatorName()})
 			verb := "deleted"
 			if dryRun {
 				verb = "would delete"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -202,12 +203,12 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 // its queue unknown), reading the rows page by page and looking each
 // page's tasks up in one pipeline. It returns how many jobs it passed to
 // fn.
-func eachStaleQueued(ctx context.Context, store *jobs.Store, statuses *queue.StatusReader, queues []string,
+func eachStaleQueued(ctx context.Context, store *pgstore.Store, statuses *queue.StatusReader, queues []string,
 	older time.Duration, fn func(id string) error) (int, error) {
 	found := 0
-	var after jobs.StaleCursor
+	var after pgstore.StaleCursor
 	for {
-		page, err := store.ListStaleQueued(ctx, jobs.StaleQueuedParams{Older: older, Queues: queues, After: after, Limit: staleLookupPage})
+		page, err := store.ListStaleQueued(ctx, pgstore.StaleQueuedParams{Older: older, Queues: queues, After: after, Limit: staleLookupPage})
 		if err != nil {
 			return found, err
 		}
@@ -232,7 +233,7 @@ func eachStaleQueued(ctx context.Context, store *jobs.Store, statuses *queue.Sta
 			return found, nil
 		}
 		last := page[len(page)-1]
-		after = jobs.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+		after = pgstore.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -167,7 +168,7 @@ type deps struct {
 func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runMode) (*deps, error) {
 	// Every statement of the pool, the pass's, the leader lease's and the
 	// readiness check's, tells the outage grace when connections were lost.
-	watch := jobs.NewConnWatch(cfg.OpTimeout)
+	watch := pgstore.NewConnWatch(cfg.OpTimeout)
 	pool, err := connectMigrated(ctx, cfg, watch.Install)
 	if err != nil {
 		return nil, err
@@ -192,8 +193,8 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		return nil, cannotRun("%v; check --page-size", err)
 	}
 	leader := mode.leader(cfg, log)
-	store := jobs.NewStore(pool, append(leader.storeOptions(),
-		jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades), jobs.WithConnWatch(watch))...)
+	store := pgstore.New(pool, append(leader.storeOptions(),
+		pgstore.WithSchema(cfg.Schema), pgstore.WithOpTimeout(cfg.OpTimeout), pgstore.WithCascades(cfg.Cascades), pgstore.WithConnWatch(watch))...)
 	// A misspelt table in a cascade fails here, not at the first reap, and
 	// so does a statement that would end the reap's transaction (ROLLBACK).
 	if err := store.PrepareCascades(ctx); err != nil {

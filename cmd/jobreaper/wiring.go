@@ -96,7 +96,7 @@ func durationAsString(_ []string, a slog.Attr) slog.Attr {
 
 // connectPostgres opens the pool to cfg's database and schema, each of
 // configure adjusting the pool's configuration first (the daemon's
-// jobs.ConnWatch). Errors name the database with its password redacted and
+// pgstore.ConnWatch). Errors name the database with its password redacted and
 // say what to check.
 func connectPostgres(ctx context.Context, cfg config.Config, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	pool, err := jobs.Connect(ctx, cfg.DatabaseURL, cfg.Schema, configure...)

@@ -63,7 +63,7 @@ var unqualified = regexp.MustCompile(`\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+(jobs|jo
 
 // statementDirs are the packages that send statements on jobreaper's
 // tables: this one, the worker's (jobs) and the daemon's (pgstore).
-var statementDirs = []string{".", "../../jobs"}
+var statementDirs = []string{".", "../../jobs", "../pgstore"}
 
 // TestEveryStatementNamesTheSchema reads the source of statementDirs: no
 // SQL text may name jobreaper's tables without {schema}., and every text

@@ -174,7 +174,7 @@ func TestConnectionLostClassifiesErrors(t *testing.T) {
 	}{
 		{"Nil", nil, false},
 		{"DialRefused", refused, true},
-		{"DialRefusedWrapped", fmt.Errorf("jobs.PassClock: %w", refused), true},
+		{"DialRefusedWrapped", fmt.Errorf("pgstore.PassClock: %w", refused), true},
 		{"ConnectTimeout", connectTimeout, true},
 		{"SessionEndedByTheServer", terminated, true},
 		{"SocketClosedUnderTheDriver", socketClosed, true},

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -256,4 +257,10 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Daemon returns the daemon's store (internal/pgstore) over Pool on the
+// test's schema, with opts applied after pgstore.WithSchema.
+func (d *DB) Daemon(opts ...pgstore.Option) *pgstore.Store {
+	return pgstore.New(d.Pool, append([]pgstore.Option{pgstore.WithSchema(d.Schema)}, opts...)...)
 }

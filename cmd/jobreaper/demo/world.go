@@ -16,6 +16,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -139,7 +140,7 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	// The status reader tells the passes which queues live asynq servers
 	// serve (the demo's worker serves its queue): marker re-assertion and
 	// lost-task reaps are held without one, as the daemon's are.
-	w.reaper = reaper.New(w.store, lister, w.markers, reaper.Options{
+	w.reaper = reaper.New(pgstore.New(pool, pgstore.WithSchema(w.schema)), lister, w.markers, reaper.Options{
 		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper, OutageGrace: w.cfg.OutageGraceOn(),
 		Asynq:             queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
 		MaxStalledPerPass: w.cfg.MaxStalledPerPass, MaxStalledFraction: w.cfg.MaxStalledFraction,
