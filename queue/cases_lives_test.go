@@ -172,7 +172,7 @@ func TestCase_B32_JobIDUsedASecondTime(t *testing.T) {
 					t.Fatalf("reaping the first life: reaped %v, generation %d, err %v", reaped, ev.Generation, err)
 				}
 				// The reap was two days ago: 5 of the marker's 7 days are left.
-				if set, err := markers.Set(ctx, id, 1, MarkerTTL-48*time.Hour); err != nil || !set {
+				if set, err := writeMarker(ctx, markers, id, 1, MarkerTTL-48*time.Hour); err != nil || !set {
 					t.Fatalf("setting the marker: set %v, err %v", set, err)
 				}
 				w.release <- struct{}{}

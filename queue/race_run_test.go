@@ -138,7 +138,7 @@ func (r *raceRun) race(ctx context.Context) {
 // with marker writes that fail when ps says so.
 func (r *raceRun) pass(ctx context.Context, ps passPlan) {
 	ps.before.wait()
-	var m reaper.Markers = r.s.markers
+	var m reaper.Markers = r.s.writer
 	if ps.markersFail {
 		m = &failingMarkers{rec: r.rec}
 	}

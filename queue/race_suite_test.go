@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
@@ -112,9 +113,11 @@ type raceSuite struct {
 	daemon  *pgstore.Store
 	rc      *redis.Client
 	markers *queue.MarkerStore
-	lister  *queue.IDLister
-	asynq   *queue.StatusReader
-	hbs     [workers]*jobs.Heartbeater
+	// writer writes markers as the reaper does.
+	writer *asynqstate.MarkerWriter
+	lister *asynqstate.IDLister
+	asynq  *asynqstate.StatusReader
+	hbs    [workers]*jobs.Heartbeater
 	// next numbers the interleavings, for job IDs that no other
 	// interleaving (or shrinking run) of the test uses.
 	next atomic.Int64
@@ -153,13 +156,14 @@ func newRaceSuite(t *testing.T) *raceSuite {
 	srv := redistest.Start(t)
 	s.rc = srv.Client(t)
 	var err error
+	s.writer = asynqstate.NewMarkerWriter(s.rc, 0)
 	if s.markers, err = queue.NewMarkerStore(s.rc); err != nil {
 		t.Fatal(err)
 	}
-	if s.lister, err = queue.NewIDLister(s.rc); err != nil {
+	if s.lister, err = asynqstate.NewIDLister(s.rc); err != nil {
 		t.Fatal(err)
 	}
-	s.asynq = queue.NewStatusReader(s.rc, 0)
+	s.asynq = asynqstate.NewStatusReader(s.rc, 0)
 	serveRaceLiveQueue(t, s.rc, s.asynq)
 	for w := range s.hbs {
 		// One Heartbeater per worker process; its limiter lets every call
@@ -174,7 +178,7 @@ func newRaceSuite(t *testing.T) *raceSuite {
 // serveRaceLiveQueue runs an asynq server serving raceLiveQueue on rc,
 // stopped at cleanup, enqueues one task there (asynq knows a queue from
 // its first enqueue) and waits until the server is live.
-func serveRaceLiveQueue(t *testing.T, rc *redis.Client, reader *queue.StatusReader) {
+func serveRaceLiveQueue(t *testing.T, rc *redis.Client, reader *asynqstate.StatusReader) {
 	t.Helper()
 	srv := asynq.NewServerFromRedisClient(rc, asynq.Config{Queues: map[string]int{raceLiveQueue: 1},
 		LogLevel: asynq.FatalLevel, ShutdownTimeout: time.Second})

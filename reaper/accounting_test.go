@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -65,9 +65,9 @@ func TestScannedByAccountsForEveryScannedTask(t *testing.T) {
 	// no_queue in skipped; it was never scanned.
 	b.db.Insert(t, jobstest.Job{ID: "noqueue", Type: "report.export", Generation: 1,
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	b.lister.queues["a"] = queue.ActiveTasks{IDs: []string{"stalled", "running", "running", "ghost", "loadfails", "reapfails"},
+	b.lister.queues["a"] = asynqstate.ActiveTasks{IDs: []string{"stalled", "running", "running", "ghost", "loadfails", "reapfails"},
 		EmptyIDs: 1, NoLease: []string{"nolease"}}
-	b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"stalled", "bad\x00id"}}
+	b.lister.queues["b"] = asynqstate.ActiveTasks{IDs: []string{"stalled", "bad\x00id"}}
 	store := &failingStore{Store: b.db.Daemon(), loadFails: "loadfails", reapFails: "reapfails"}
 	r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 		Queues: []string{"a", "b"}, LoadBatch: 1})

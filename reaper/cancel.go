@@ -7,7 +7,7 @@ import (
 )
 
 // Canceller publishes asynq's cancels of running handlers, in pipelines;
-// *queue.Canceller satisfies it.
+// *asynqstate.Canceller satisfies it.
 type Canceller interface {
 	Cancel(ctx context.Context, ids []string) (sent int, err error)
 }

@@ -13,11 +13,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -49,7 +49,7 @@ func serve(t *testing.T, rc redis.UniversalClient, queues []string, handler asyn
 // waitLive waits until a live server serves q in rc's database.
 func waitLive(t *testing.T, rc redis.UniversalClient, q string) {
 	t.Helper()
-	reader := queue.NewStatusReader(rc, 0)
+	reader := asynqstate.NewStatusReader(rc, 0)
 	jobstest.Eventually(t, "a live server serves "+q, func() bool {
 		live, err := reader.LiveQueues(context.Background())
 		return err == nil && live[q]
@@ -110,13 +110,13 @@ func idsOf(prefix string, n int) []string {
 // lostReaper is a daemon's Reaper on o's database reading asynq in rc.
 func (o *ownRedis) lostReaper(t *testing.T, rc redis.UniversalClient, set func(*reaper.Options)) *reaper.Reaper {
 	t.Helper()
-	lister, err := queue.NewIDLister(rc)
+	lister, err := asynqstate.NewIDLister(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return o.reaper(t, lister, func(opts *reaper.Options) {
 		opts.Queues = nil
-		opts.Asynq = queue.NewStatusReader(rc, 0)
+		opts.Asynq = asynqstate.NewStatusReader(rc, 0)
 		if set != nil {
 			set(opts)
 		}

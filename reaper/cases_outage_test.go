@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
@@ -52,7 +53,7 @@ type outageWorkers struct {
 }
 
 // startOutageWorkers runs the workers on store (the workers' own pool).
-func startOutageWorkers(t *testing.T, a *realAsynq, q string, store *jobs.Store, markers *queue.MarkerStore, concurrency int) *outageWorkers {
+func startOutageWorkers(t *testing.T, a *realAsynq, q string, store *jobs.Store, markers queue.MarkerReader, concurrency int) *outageWorkers {
 	t.Helper()
 	hb, err := jobs.NewHeartbeater(store, nil, outageHeartbeat)
 	if err != nil {
@@ -311,13 +312,13 @@ func runSharedOutage(t *testing.T, nLive int, withHung bool) *sharedOutage {
 		return o.admin.count(t, `j.status = 'PROCESSING' AND j.progress_mark > 0 AND j.started_at < now() - interval '1 second'`, ids) == len(ids)
 	})
 
-	lister, err := queue.NewIDLister(a.rc)
+	lister, err := asynqstate.NewIDLister(a.rc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.reg = prometheus.NewRegistry()
 	r := reaper.New(daemonStore, lister, markers, reaper.Options{Queues: []string{q}, Interval: outageInterval, Rule: outageRule,
-		OutageGrace: true, Logger: testLogger(t), Metrics: reaper.NewMetrics(o.reg), Asynq: queue.NewStatusReader(a.rc, 0)})
+		OutageGrace: true, Logger: testLogger(t), Metrics: reaper.NewMetrics(o.reg), Asynq: asynqstate.NewStatusReader(a.rc, 0)})
 	start := time.Now()
 	o.loop = startPassLoop(t, r)
 	for _, res := range o.loop.waitPasses(t, start, 2) {
@@ -450,7 +451,7 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	if err := store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
-	lister := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}, failed: map[string]error{}}
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"q": {}}, failed: map[string]error{}}
 	reg := prometheus.NewRegistry()
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: []string{"q"}, Rule: baselineRule,
 		OutageGrace: true, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
@@ -459,7 +460,7 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	for pass := 1; pass <= 3; pass++ {
 		ok := fmt.Sprintf("ok-%d", pass)
 		stalledRows(t, db, "q", 21*time.Minute, ok)
-		lister.queues["q"] = queue.ActiveTasks{IDs: append([]string{ok}, broken...)}
+		lister.queues["q"] = asynqstate.ActiveTasks{IDs: append([]string{ok}, broken...)}
 		res, err := r.RunOnce(ctx)
 		if err != nil || res.Reaped != 1 || res.Errors != len(broken) || res.Skipped[string(reaper.SkipOutageGrace)] != 0 {
 			t.Fatalf("pass %d = %+v, %v; want %s reaped, the broken cascades' errors, nothing held", pass, res, err, ok)
@@ -471,7 +472,7 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	// One more pass (the broken jobs, no longer active, fail again in the
 	// lost-task search): it would record an outage end had the cascade's
 	// errors counted as lost connections.
-	lister.queues["q"] = queue.ActiveTasks{}
+	lister.queues["q"] = asynqstate.ActiveTasks{}
 	if res, err := r.RunOnce(ctx); err != nil || res.Reaped != 0 {
 		t.Fatalf("the pass after = %+v, %v", res, err)
 	}
@@ -531,7 +532,7 @@ func TestCase_B47_ARestartWhileTheDaemonWasDown(t *testing.T) {
 	waitFor(t, 60*time.Second, "every job is claimed, heartbeating and past max_runtime", func() bool {
 		return admin.count(t, `j.status = 'PROCESSING' AND j.progress_mark > 0 AND j.started_at < now() - interval '1 second'`, live) == len(live)
 	})
-	lister, err := queue.NewIDLister(a.rc)
+	lister, err := asynqstate.NewIDLister(a.rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,7 +540,7 @@ func TestCase_B47_ARestartWhileTheDaemonWasDown(t *testing.T) {
 		watch := pgstore.NewConnWatch(2 * time.Second)
 		s := pgstore.New(connect(watch.Install), pgstore.WithSchema(schema), pgstore.WithOpTimeout(2*time.Second), pgstore.WithConnWatch(watch))
 		return reaper.New(s, lister, markers, reaper.Options{Queues: []string{q}, Interval: outageInterval, Rule: outageRule,
-			OutageGrace: true, Logger: testLogger(t), Asynq: queue.NewStatusReader(a.rc, 0)})
+			OutageGrace: true, Logger: testLogger(t), Asynq: asynqstate.NewStatusReader(a.rc, 0)})
 	}
 
 	first := daemon()

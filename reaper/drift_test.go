@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -19,7 +19,7 @@ import (
 func daemonSettings(t *testing.T, queues []string, redisURL string) reaper.Settings {
 	t.Helper()
 	s := reaper.NewSettings(time.Minute, 5*time.Minute, 15*time.Minute, queues, nil)
-	id, err := queue.RedisID(redisURL)
+	id, err := asynqstate.RedisID(redisURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,10 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -29,7 +29,7 @@ func TestDryRun(t *testing.T) {
 	// A lost task: stalled, not active, asynq will never run it.
 	b.db.Insert(t, jobstest.Job{ID: "lost", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J5", "J6", "fresh", "ghost"}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J5", "J6", "fresh", "ghost"}}
 	before := b.db.Count(t, `SELECT count(*) FROM jobs WHERE status = 'PROCESSING'`)
 
 	res, err := runOnce(t, ctx, b.reaper)

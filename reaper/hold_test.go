@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
@@ -27,8 +28,8 @@ import (
 type stormWorld struct {
 	db      *jobstest.DB
 	a       *realAsynq
-	lister  *queue.IDLister
-	markers *queue.MarkerStore
+	lister  *asynqstate.IDLister
+	markers *markerStore
 	logs    *logBuffer
 }
 
@@ -44,7 +45,7 @@ func newStormWorld(t *testing.T) *stormWorld {
 	w.db.JobType(t, "report.export", "30 minutes", "", "")
 	w.db.JobType(t, "crawl.site", "60 minutes", "20 minutes", "")
 	var err error
-	if w.lister, err = queue.NewIDLister(w.a.rc); err != nil {
+	if w.lister, err = asynqstate.NewIDLister(w.a.rc); err != nil {
 		t.Fatal(err)
 	}
 	w.markers = newMarkers(t, w.a.rc)
@@ -110,7 +111,7 @@ func (w *stormWorld) moved(t *testing.T, ago time.Duration, ids []string) {
 func (w *stormWorld) reaper(t *testing.T, queues []string, set ...func(*reaper.Options)) (*reaper.Reaper, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	o := reaper.Options{Queues: queues, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Asynq: queue.NewStatusReader(w.a.rc, 0),
+	o := reaper.Options{Queues: queues, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Asynq: asynqstate.NewStatusReader(w.a.rc, 0),
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, w.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	for _, f := range set {
 		f(&o)

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // SkipAwaitingRetry: a stalled PROCESSING job whose task is not active but
@@ -39,9 +39,9 @@ const noQueueCountMax = 10000
 
 // AsynqState is what the lost-task search and the stale QUEUED report
 // read from asynq: many task lookups at once, and the queues live servers
-// serve; *queue.StatusReader satisfies it.
+// serve; *asynqstate.StatusReader satisfies it.
 type AsynqState interface {
-	TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error)
+	TaskStatuses(ctx context.Context, refs []asynqstate.TaskRef) ([]asynqstate.TaskStatus, error)
 	LiveQueues(ctx context.Context) (map[string]bool, error)
 }
 
@@ -158,9 +158,9 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	if len(judged) == 0 {
 		return nil, true
 	}
-	refs := make([]queue.TaskRef, len(judged))
+	refs := make([]asynqstate.TaskRef, len(judged))
 	for i, sn := range judged {
-		refs[i] = queue.TaskRef{Queue: sn.Queue, ID: sn.ID}
+		refs[i] = asynqstate.TaskRef{Queue: sn.Queue, ID: sn.ID}
 	}
 	statuses, err := state.TaskStatuses(ctx, refs)
 	if err != nil {
@@ -170,10 +170,10 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	var lost []jobs.Snapshot
 	for i, snap := range judged {
 		st := statuses[i]
-		if st == queue.TaskActive && !noLease[snap.ID] {
+		if st == asynqstate.TaskActive && !noLease[snap.ID] {
 			continue // started since the listing: the next pass judges it
 		}
-		if st.WillRun() && st != queue.TaskQueueNotFound && st != queue.TaskActive {
+		if st.WillRun() && st != asynqstate.TaskQueueNotFound && st != asynqstate.TaskActive {
 			r.decided(res, snap.ID, &snap, verdicts[i].skipped(SkipAwaitingRetry), "")
 			res.skip(SkipAwaitingRetry, 1)
 			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", st)
@@ -313,8 +313,8 @@ func (r *Reaper) asynqState() AsynqState {
 // no lost task is ever reaped on a guess (each is held).
 type lookupState struct{ lister Lister }
 
-func (l lookupState) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error) {
-	out := make([]queue.TaskStatus, len(refs))
+func (l lookupState) TaskStatuses(ctx context.Context, refs []asynqstate.TaskRef) ([]asynqstate.TaskStatus, error) {
+	out := make([]asynqstate.TaskStatus, len(refs))
 	for i, ref := range refs {
 		st, err := l.lister.TaskStatus(ctx, ref.Queue, ref.ID)
 		if err != nil {

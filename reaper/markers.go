@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -49,10 +50,10 @@ func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, hold *markerH
 	if len(missing) == 0 {
 		return tried
 	}
-	writes := make([]queue.MarkerWrite, len(missing))
+	writes := make([]asynqstate.MarkerWrite, len(missing))
 	for i, m := range missing {
 		tried[m.JobID] = true
-		writes[i] = queue.MarkerWrite{JobID: m.JobID, Generation: m.Generation, TTL: queue.MarkerRemaining(m.ReapedAt, now)}
+		writes[i] = asynqstate.MarkerWrite{JobID: m.JobID, Generation: m.Generation, TTL: asynqstate.MarkerRemaining(m.ReapedAt, now)}
 	}
 	if r.markersHeld(ctx, hold, res) {
 		r.countHeld(ctx, writes, res)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -71,7 +72,7 @@ func TestMarkerRepairAfterAnOutageWritesInPipelines(t *testing.T) {
 		ids[i] = fmt.Sprintf("J%03d", i)
 		b.stalled(t, ids[i])
 	}
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: ids}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: ids}
 	down := reaper.New(b.db.Daemon(), b.lister, brokenMarkers{}, reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
 	if res, err := runOnce(t, ctx, down); err != nil || res.Reaped != n || res.Errors != n {
 		t.Fatalf("pass while Redis is down = %+v, err %v; want %d reaped and %d marker errors", res, err, n, n)

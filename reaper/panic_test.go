@@ -13,10 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -33,7 +33,7 @@ type panickyLister struct {
 	panics int
 }
 
-func (p *panickyLister) ListActive(ctx context.Context, q string) (queue.ActiveTasks, error) {
+func (p *panickyLister) ListActive(ctx context.Context, q string) (asynqstate.ActiveTasks, error) {
 	p.mu.Lock()
 	n := p.panics
 	if n > 0 {
@@ -79,7 +79,7 @@ func TestLoopRecoversAPanicAndGoesOn(t *testing.T) {
 	db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 	// Pass 1: the listing panics; pass 2: the clock reading panics.
-	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: []string{"J1"}}},
+	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {IDs: []string{"J1"}}},
 		failed: map[string]error{}}, panics: 1}
 	store := &panickyStore{Store: db.Daemon(), panicAt: map[int32]bool{2: true}}
 	reg := prometheus.NewRegistry()
@@ -139,7 +139,7 @@ func TestLoopGivesUpAfterThreeConsecutivePanickedPasses(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	lease := reaper.NewLeaderLease(store, queues, holder, interval,
 		reaper.NewSettings(interval, time.Minute, 15*time.Minute, queues, nil), logger, metrics)
-	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]queue.ActiveTasks{"default": {}}, failed: map[string]error{}}, panics: -1}
+	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {}}, failed: map[string]error{}}, panics: -1}
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues, Interval: interval,
 		Rule: baselineRule, Metrics: metrics, Logger: logger, LeaderLease: lease})
 	if err := r.Start(t.Context()); err != nil {
@@ -218,7 +218,7 @@ func TestLeaderLeaseAttemptPanicsAreContained(t *testing.T) {
 	const interval = 300 * time.Millisecond
 	lease := reaper.NewLeaderLease(leaseStore, queues, holder, interval,
 		reaper.NewSettings(interval, time.Minute, 15*time.Minute, queues, nil), logger, metrics)
-	r := reaper.New(store, &fakeLister{queues: map[string]queue.ActiveTasks{"default": {}}, failed: map[string]error{}},
+	r := reaper.New(store, &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {}}, failed: map[string]error{}},
 		newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues, Interval: interval, Rule: baselineRule,
 			Metrics: metrics, Logger: logger, LeaderLease: lease})
 	if err := r.Start(t.Context()); err != nil {
@@ -266,12 +266,12 @@ func (loadPanicStore) LoadForTasks(context.Context, []string) (map[string]jobs.S
 func TestPassPanicStopsItsListing(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
-	lister := &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}}
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{}, failed: map[string]error{}}
 	var queues []string
 	for i := range 64 {
 		q := fmt.Sprintf("q%02d", i)
 		queues = append(queues, q)
-		lister.queues[q] = queue.ActiveTasks{IDs: []string{"J-" + q}}
+		lister.queues[q] = asynqstate.ActiveTasks{IDs: []string{"J-" + q}}
 	}
 	r := reaper.New(loadPanicStore{db.Daemon()}, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues,
 		LoadBatch: 1, Rule: baselineRule, Logger: testLogger(t)})

@@ -14,11 +14,11 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/failpoint"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // IntervalDefault is the time between two daemon passes.
@@ -45,24 +45,24 @@ type Store interface {
 }
 
 // Lister lists active tasks and looks single tasks up;
-// *queue.InspectorLister satisfies it.
+// *asynqstate.InspectorLister satisfies it.
 type Lister interface {
-	queue.ActiveLister
-	queue.TaskLookup
+	asynqstate.ActiveLister
+	asynqstate.TaskLookup
 }
 
-// Markers is what a pass needs from the marker store; *queue.MarkerStore
+// Markers is what a pass needs from the marker store; *asynqstate.MarkerWriter
 // satisfies it.
 type Markers interface {
 	Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (bool, error)
 }
 
 // BatchMarkers is a marker store that also writes many markers in one
-// pipeline; *queue.MarkerStore is one. The pass uses SetMany when the
+// pipeline; *asynqstate.MarkerWriter is one. The pass uses SetMany when the
 // store has it, and one Set per marker otherwise.
 type BatchMarkers interface {
 	Markers
-	SetMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
+	SetMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult
 }
 
 // Options configure a Reaper.

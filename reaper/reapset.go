@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -143,15 +144,15 @@ func (r *Reaper) setMarkers(ctx context.Context, reaped []pgstore.ReapedJob, res
 		return
 	}
 	mctx := context.WithoutCancel(ctx)
-	writes := make([]queue.MarkerWrite, len(reaped))
+	writes := make([]asynqstate.MarkerWrite, len(reaped))
 	for i, j := range reaped {
-		writes[i] = queue.MarkerWrite{JobID: j.JobID, Generation: j.Evidence.Generation, TTL: queue.MarkerTTL}
+		writes[i] = asynqstate.MarkerWrite{JobID: j.JobID, Generation: j.Evidence.Generation, TTL: queue.MarkerTTL}
 	}
-	var results []queue.MarkerResult
+	var results []asynqstate.MarkerResult
 	if bm, ok := r.markers.(BatchMarkers); ok {
 		results = bm.SetMany(mctx, writes)
 	} else {
-		results = make([]queue.MarkerResult, len(writes))
+		results = make([]asynqstate.MarkerResult, len(writes))
 		for i, w := range writes {
 			results[i].Set, results[i].Err = r.markers.Set(mctx, w.JobID, w.Generation, w.TTL)
 		}

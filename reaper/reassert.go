@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -16,9 +17,9 @@ const MarkerCheckWindowDefault = time.Hour
 
 // ReassertMarkers is a marker store that re-asserts many markers by
 // reading them first and writing only those not there;
-// *queue.MarkerStore is one. Its answers are SetMany's.
+// *asynqstate.MarkerWriter is one. Its answers are SetMany's.
 type ReassertMarkers interface {
-	ReassertMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
+	ReassertMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult
 }
 
 // reassertPage is how many reaped jobs one statement reads and one marker
@@ -138,9 +139,9 @@ func sliceOf(remaining, passes int) int {
 // It returns how many jobs of the page were dealt with (all of them
 // unless Redis failed as a whole) and false when the slice must end.
 func (r *Reaper) reassertPage(ctx context.Context, page []pgstore.Reaped, now time.Time, tried map[string]bool, hold *markerHold, res *Result) (int, bool) {
-	writes := make([]queue.MarkerWrite, len(page))
+	writes := make([]asynqstate.MarkerWrite, len(page))
 	for i, j := range page {
-		writes[i] = queue.MarkerWrite{JobID: j.JobID, Generation: j.Generation, TTL: queue.MarkerRemaining(j.ReapedAt, now)}
+		writes[i] = asynqstate.MarkerWrite{JobID: j.JobID, Generation: j.Generation, TTL: asynqstate.MarkerRemaining(j.ReapedAt, now)}
 		if tried[j.JobID] {
 			writes[i].TTL = 0 // SetMany sends nothing for it
 		}
@@ -151,7 +152,7 @@ func (r *Reaper) reassertPage(ctx context.Context, page []pgstore.Reaped, now ti
 		}
 		return len(page), true
 	}
-	var results []queue.MarkerResult
+	var results []asynqstate.MarkerResult
 	if rm, ok := r.markers.(ReassertMarkers); ok {
 		results = rm.ReassertMany(ctx, writes)
 	} else {
@@ -208,11 +209,11 @@ func (r *Reaper) confirm(ctx context.Context, refs []pgstore.MarkerRef) {
 // otherwise. Without a pipeline, the first failure that is not about its
 // key (Redis unreachable, the call's timeout) is the answer of every write
 // after it too, which are not sent: each would wait for the same timeout.
-func (r *Reaper) setMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult {
+func (r *Reaper) setMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult {
 	if bm, ok := r.markers.(BatchMarkers); ok {
 		return bm.SetMany(ctx, writes)
 	}
-	out := make([]queue.MarkerResult, len(writes))
+	out := make([]asynqstate.MarkerResult, len(writes))
 	for i, w := range writes {
 		out[i].Set, out[i].Err = r.markers.Set(ctx, w.JobID, w.Generation, w.TTL)
 		if out[i].Err != nil && !errors.Is(out[i].Err, queue.ErrBadMarker) {

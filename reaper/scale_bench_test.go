@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
@@ -104,14 +105,11 @@ SELECT 'done-' || lpad(i::text, 8, '0'), 'bench.task', CASE WHEN i % 20 = 0 THEN
 		}
 	}
 	w.store = w.db.Daemon(pgstore.WithCascades(cascades))
-	lister, err := queue.NewIDLister(w.rdb)
+	lister, err := asynqstate.NewIDLister(w.rdb)
 	if err != nil {
 		b.Fatal(err)
 	}
-	markers, err := queue.NewMarkerStore(w.rdb)
-	if err != nil {
-		b.Fatal(err)
-	}
+	markers := asynqstate.NewMarkerWriter(w.rdb, 0)
 	w.reaper = reaper.New(w.store, lister, markers, reaper.Options{
 		Queues: w.queues, Rule: baselineRule,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -362,8 +360,8 @@ func BenchmarkScaleReap(b *testing.B) {
 			w.store = w.db.Daemon(pgstore.WithCascades(jobs.Cascades{"bench.task": {OnFailed: []string{
 				`UPDATE ` + parents + ` SET failed = failed + 1 WHERE id = @parent_id`,
 			}}}))
-			lister, _ := queue.NewIDLister(w.rdb)
-			markers, _ := queue.NewMarkerStore(w.rdb)
+			lister, _ := asynqstate.NewIDLister(w.rdb)
+			markers := asynqstate.NewMarkerWriter(w.rdb, 0)
 			// All n stall at once by design: no stall-storm limit (0, 0),
 			// which the daemon's defaults would trip.
 			w.reaper = reaper.New(w.store, lister, markers, reaper.Options{Queues: w.queues, Rule: baselineRule,

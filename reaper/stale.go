@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // Defaults of the stale QUEUED report (Options.StaleQueuedAfter,
@@ -57,7 +57,7 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 		}
 	}()
 	for ctx.Err() == nil {
-		limit := queue.StatusChunk
+		limit := asynqstate.StatusChunk
 		if !r.opts.Once {
 			limit = min(limit, budget)
 		}
@@ -68,9 +68,9 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 			r.failed(ctx, res, stageLoad, "reading old QUEUED jobs failed; retried next pass", "err", err)
 			return
 		}
-		refs := make([]queue.TaskRef, len(page))
+		refs := make([]asynqstate.TaskRef, len(page))
 		for i, row := range page {
-			refs[i] = queue.TaskRef{Queue: row.Queue, ID: row.ID}
+			refs[i] = asynqstate.TaskRef{Queue: row.Queue, ID: row.ID}
 		}
 		statuses, err := state.TaskStatuses(ctx, refs)
 		if err != nil {
@@ -78,7 +78,7 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 			return
 		}
 		for i, row := range page {
-			if s := statuses[i]; s.WillRun() && s != queue.TaskQueueNotFound {
+			if s := statuses[i]; s.WillRun() && s != asynqstate.TaskQueueNotFound {
 				continue
 			}
 			st.counts[labelValue(row.Queue)]++

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -120,7 +120,7 @@ func newUncoveredFixture(t *testing.T) *uncoveredFixture {
 	t.Helper()
 	b := setup(t)
 	for _, q := range []string{"a", "b", "c", "d"} {
-		b.lister.queues[q] = queue.ActiveTasks{}
+		b.lister.queues[q] = asynqstate.ActiveTasks{}
 	}
 	for i, q := range []string{"a", "c", "c", "d"} {
 		b.db.Insert(t, jobstest.Job{ID: fmt.Sprintf("J%d-%s", i, q), Type: "report.export", Generation: 1, Queue: q,

@@ -12,9 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -90,7 +90,7 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l lead
 		opts.LeaderLease = reaper.NewLeaderLease(store, cfg.Queues, l.holder, cfg.Interval, settings, log, m.metrics)
 	}
 	if m.cancelOnReap && !m.dryRun {
-		opts.Canceller = queue.NewCanceller(rdb, cfg.OpTimeout)
+		opts.Canceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
 	}
 	return nil
 }
@@ -99,7 +99,7 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l lead
 // leader, which the replicas of its queue set compare (settings drift):
 // one line per setting.
 func (m runMode) settings(cfg config.Config) (reaper.Settings, error) {
-	redisID, err := queue.RedisID(cfg.RedisURL)
+	redisID, err := asynqstate.RedisID(cfg.RedisURL)
 	if err != nil {
 		return reaper.Settings{}, fmt.Errorf("redis_url: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
@@ -220,12 +221,12 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		switch {
 		case err != nil:
 			doc.TaskState = "error: " + oneLine(err.Error())
-		case st == queue.TaskQueueNotFound:
-			doc.TaskState = string(queue.TaskNotFound)
+		case st == asynqstate.TaskQueueNotFound:
+			doc.TaskState = string(asynqstate.TaskNotFound)
 		default:
 			doc.TaskState = string(st)
 		}
-		if err == nil && st != queue.TaskNotFound && st != queue.TaskQueueNotFound {
+		if err == nil && st != asynqstate.TaskNotFound && st != asynqstate.TaskQueueNotFound {
 			taskLimits(d, rec.Queue, id, &doc)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
@@ -173,7 +174,7 @@ func TestCancelWithoutARunningHandler(t *testing.T) {
 	f.enqueue(t, pending)
 	f.db.Insert(t, jobstest.Job{ID: taskless, Type: "report.export", Status: jobs.StatusQueued, Queue: f.q})
 	t.Cleanup(func() { f.rdb.Del(context.Background(), queue.MarkerKey(pending), queue.MarkerKey(taskless)) })
-	sub := f.rdb.Subscribe(t.Context(), queue.CancelChannel)
+	sub := f.rdb.Subscribe(t.Context(), asynqstate.CancelChannel)
 	t.Cleanup(func() { _ = sub.Close() })
 	if _, err := sub.Receive(t.Context()); err != nil { // the subscription's confirmation
 		t.Fatal(err)
@@ -193,7 +194,7 @@ func TestCancelWithoutARunningHandler(t *testing.T) {
 	// published: a sentinel published after the command arrives first
 	// only when the command published no cancel.
 	const sentinel = "sentinel-after-the-command"
-	if err := f.rdb.Publish(t.Context(), queue.CancelChannel, sentinel).Err(); err != nil {
+	if err := f.rdb.Publish(t.Context(), asynqstate.CancelChannel, sentinel).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for {

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
@@ -62,11 +63,7 @@ func (f *requeueFixture) reaped(t *testing.T, id string) {
 	}
 	f.db.Exec(t, `UPDATE jobs SET status = 'FAILED', failure_reason = 'stalled', generation = 1, worker = 'w-dead',
        started_at = now() - interval '31 minutes', finished_at = now(), marker_set_at = now() WHERE id = $1`, id)
-	markers, err := queue.NewMarkerStore(f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := markers.Set(t.Context(), id, 1, queue.MarkerTTL); err != nil {
+	if _, err := asynqstate.NewMarkerWriter(f.rdb, 0).Set(t.Context(), id, 1, queue.MarkerTTL); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.rdb.Del(context.Background(), queue.MarkerKey(id)) })

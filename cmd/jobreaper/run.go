@@ -23,10 +23,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -182,11 +182,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		closeWith(log.With("component", "main"), "Redis client", rdb.Close)
 		pool.Close()
 	}
-	markers, err := queue.NewMarkerStore(rdb, queue.WithMarkerOpTimeout(cfg.OpTimeout))
-	if err != nil {
-		closeAll()
-		return nil, cannotRun("%v", err)
-	}
+	markers := asynqstate.NewMarkerWriter(rdb, cfg.OpTimeout)
 	lister, err := newLister(cfg, rdb)
 	if err != nil {
 		closeAll()
@@ -208,7 +204,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		Rule:     cfg.StallRule(),
 		Logger:   log,
 		Metrics:  mode.metrics,
-		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
+		Eviction: asynqstate.NewPolicyReader(rdb, cfg.OpTimeout),
 		DryRun:   mode.dryRun,
 
 		OutageGrace: cfg.OutageGraceOn(),
@@ -222,7 +218,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 
 		StaleQueuedAfter:   cfg.StaleQueuedAfter,
 		StaleQueuedLookups: cfg.StaleQueuedLookupsPerPass,
-		Asynq:              queue.NewStatusReader(rdb, cfg.OpTimeout),
+		Asynq:              asynqstate.NewStatusReader(rdb, cfg.OpTimeout),
 
 		RedisName: redisName(cfg.RedisURL),
 		Suggest:   config.Closest,
@@ -592,7 +588,7 @@ func queuesAttr(queues []string) string {
 // closing rdb is enough.
 func newLister(cfg config.Config, rdb redis.UniversalClient) (reaper.Lister, error) {
 	if cfg.Lister == config.ListerInspector {
-		return queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), queue.WithPageSize(cfg.PageSize))
+		return asynqstate.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), asynqstate.WithPageSize(cfg.PageSize))
 	}
-	return queue.NewIDLister(rdb, queue.WithPageSize(cfg.PageSize))
+	return asynqstate.NewIDLister(rdb, asynqstate.WithPageSize(cfg.PageSize))
 }

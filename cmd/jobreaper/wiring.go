@@ -168,7 +168,7 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 	}
 	// Without ContextTimeoutEnabled (which NewRedisClient sets) go-redis
 	// ignores context deadlines, and the per-call timeouts of
-	// queue.MarkerStore would not bound a hung Redis.
+	// the marker reader and writer would not bound a hung Redis.
 	rdb, _, err := queue.NewRedisClient(cfg.RedisURL, queue.RedisClientOptions{RootCAs: roots,
 		TLSServerName: cfg.RedisTLSServerName, OpTimeout: cfg.OpTimeout})
 	if err != nil { // Validate parsed it already; kept for safety

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/internal/redact"
@@ -133,16 +134,16 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	}
 	w.insp = asynq.NewInspectorFromRedisClient(w.rdb)
 	w.client = asynq.NewClientFromRedisClient(w.rdb)
-	lister, err := queue.NewInspectorLister(w.insp, queue.WithPageSize(w.cfg.PageSize))
+	lister, err := asynqstate.NewInspectorLister(w.insp, asynqstate.WithPageSize(w.cfg.PageSize))
 	if err != nil {
 		return w, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	// The status reader tells the passes which queues live asynq servers
 	// serve (the demo's worker serves its queue): marker re-assertion and
 	// lost-task reaps are held without one, as the daemon's are.
-	w.reaper = reaper.New(pgstore.New(pool, pgstore.WithSchema(w.schema)), lister, w.markers, reaper.Options{
+	w.reaper = reaper.New(pgstore.New(pool, pgstore.WithSchema(w.schema)), lister, asynqstate.NewMarkerWriter(w.rdb, 0), reaper.Options{
 		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper, OutageGrace: w.cfg.OutageGraceOn(),
-		Asynq:             queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
+		Asynq:             asynqstate.NewStatusReader(w.rdb, w.cfg.OpTimeout),
 		MaxStalledPerPass: w.cfg.MaxStalledPerPass, MaxStalledFraction: w.cfg.MaxStalledFraction,
 		StallStormHold: w.cfg.StallStormHold,
 	})

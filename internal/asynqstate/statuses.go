@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/internal/redisop"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // StatusChunk is how many task lookups StatusReader sends in one pipeline
@@ -43,10 +46,10 @@ type StatusReader struct {
 
 // NewStatusReader returns a StatusReader over client (build it with
 // ContextTimeoutEnabled: true), each pipeline bounded by opTimeout
-// (MarkerOpTimeoutDefault when not positive).
+// (queue.MarkerOpTimeoutDefault when not positive).
 func NewStatusReader(client redis.UniversalClient, opTimeout time.Duration) *StatusReader {
 	if opTimeout <= 0 {
-		opTimeout = MarkerOpTimeoutDefault
+		opTimeout = queue.MarkerOpTimeoutDefault
 	}
 	return &StatusReader{client: client, inspector: asynq.NewInspectorFromRedisClient(client), opTimeout: opTimeout}
 }
@@ -74,7 +77,7 @@ func (s *StatusReader) TaskStatuses(ctx context.Context, refs []TaskRef) ([]Task
 }
 
 func (s *StatusReader) chunk(ctx context.Context, refs []TaskRef) ([]TaskStatus, error) {
-	ctx, done := opTimeout(ctx, "queue.StatusReader.TaskStatuses", s.opTimeout)
+	ctx, done := redisop.Timeout(ctx, "asynqstate.StatusReader.TaskStatuses", s.opTimeout)
 	queues := map[string]*redis.BoolCmd{}
 	states := make([]*redis.StringCmd, len(refs))
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -128,11 +131,11 @@ func (s *StatusReader) chunk(ctx context.Context, refs []TaskRef) ([]TaskStatus,
 // operation.
 func (s *StatusReader) LiveQueues(ctx context.Context) (map[string]bool, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("queue.StatusReader.LiveQueues: %w", err)
+		return nil, fmt.Errorf("asynqstate.StatusReader.LiveQueues: %w", err)
 	}
 	servers, err := s.inspector.Servers()
 	if err != nil {
-		return nil, fmt.Errorf("queue.StatusReader.LiveQueues: %w", err)
+		return nil, fmt.Errorf("asynqstate.StatusReader.LiveQueues: %w", err)
 	}
 	live := map[string]bool{}
 	for _, srv := range servers {

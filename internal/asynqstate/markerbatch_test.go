@@ -1,53 +1,52 @@
-package queue
+package asynqstate
 
 import (
 	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jobreaper/jobreaper/queue"
 )
 
-func TestMarkerStoreSetMany(t *testing.T) {
+func TestMarkerWriterSetMany(t *testing.T) {
 	t.Parallel()
 
 	t.Run("EachWriteIsItsOwnCompareAndSet", func(t *testing.T) {
 		t.Parallel()
 		mr, mc := miniRedis(t)
-		s, err := NewMarkerStore(mc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := NewMarkerWriter(mc, 0)
 		// This Redis has not cached the script yet: it answers NOSCRIPT to
 		// the first EVALSHA, and SetMany sends the script's text.
-		if err := mr.Set(MarkerKey("garbage"), "not-a-number"); err != nil {
+		if err := mr.Set(queue.MarkerKey("garbage"), "not-a-number"); err != nil {
 			t.Fatal(err)
 		}
-		if err := mr.Set(MarkerKey("newer"), "5"); err != nil {
+		if err := mr.Set(queue.MarkerKey("newer"), "5"); err != nil {
 			t.Fatal(err)
 		}
 		got := s.SetMany(t.Context(), []MarkerWrite{
-			{JobID: "a", Generation: 2, TTL: MarkerTTL},
-			{JobID: "garbage", Generation: 1, TTL: MarkerTTL},
-			{JobID: "newer", Generation: 3, TTL: MarkerTTL},
+			{JobID: "a", Generation: 2, TTL: queue.MarkerTTL},
+			{JobID: "garbage", Generation: 1, TTL: queue.MarkerTTL},
+			{JobID: "newer", Generation: 3, TTL: queue.MarkerTTL},
 			{JobID: "expired", Generation: 1, TTL: 0},
 			{JobID: "b", Generation: 1, TTL: time.Hour},
 		})
 		if !got[0].Set || got[0].Err != nil || !got[4].Set || got[4].Err != nil {
 			t.Fatalf("writes a and b = %+v, %+v; want both set", got[0], got[4])
 		}
-		if got[1].Set || !errors.Is(got[1].Err, ErrBadMarker) {
-			t.Fatalf("write over garbage = %+v, want ErrBadMarker", got[1])
+		if got[1].Set || !errors.Is(got[1].Err, queue.ErrBadMarker) {
+			t.Fatalf("write over garbage = %+v, want queue.ErrBadMarker", got[1])
 		}
 		if got[2].Set || got[2].Err != nil || got[3].Set || got[3].Err != nil {
 			t.Fatalf("writes under a newer marker and past their TTL = %+v, %+v; want not set, no error", got[2], got[3])
 		}
-		if v, _ := mr.Get(MarkerKey("a")); v != "2" || mr.TTL(MarkerKey("a")) != MarkerTTL {
-			t.Fatalf("marker a = %q ttl %v, want 2 with %v", v, mr.TTL(MarkerKey("a")), MarkerTTL)
+		if v, _ := mr.Get(queue.MarkerKey("a")); v != "2" || mr.TTL(queue.MarkerKey("a")) != queue.MarkerTTL {
+			t.Fatalf("marker a = %q ttl %v, want 2 with %v", v, mr.TTL(queue.MarkerKey("a")), queue.MarkerTTL)
 		}
-		if v, _ := mr.Get(MarkerKey("newer")); v != "5" {
+		if v, _ := mr.Get(queue.MarkerKey("newer")); v != "5" {
 			t.Fatalf("newer marker = %q, want 5 kept", v)
 		}
-		if mr.Exists(MarkerKey("expired")) {
+		if mr.Exists(queue.MarkerKey("expired")) {
 			t.Fatal("a marker past its 7 days was written")
 		}
 	})
@@ -55,12 +54,9 @@ func TestMarkerStoreSetMany(t *testing.T) {
 	t.Run("RedisDownFailsEveryWrite", func(t *testing.T) {
 		t.Parallel()
 		mr, mc := miniRedis(t)
-		s, err := NewMarkerStore(mc, WithMarkerOpTimeout(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := NewMarkerWriter(mc, time.Second)
 		mr.Close()
-		got := s.SetMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: MarkerTTL}, {JobID: "b", Generation: 1, TTL: MarkerTTL}})
+		got := s.SetMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: queue.MarkerTTL}, {JobID: "b", Generation: 1, TTL: queue.MarkerTTL}})
 		for i, r := range got {
 			if r.Set || r.Err == nil {
 				t.Fatalf("write %d with Redis down = %+v, want an error", i, r)
@@ -71,28 +67,25 @@ func TestMarkerStoreSetMany(t *testing.T) {
 
 // ReassertMany answers as SetMany does, and writes nothing over a marker
 // that holds the generation or a newer one: its value and TTL stay.
-func TestMarkerStoreReassertMany(t *testing.T) {
+func TestMarkerWriterReassertMany(t *testing.T) {
 	t.Parallel()
 
 	t.Run("WritesOnlyWhatIsNotThere", func(t *testing.T) {
 		t.Parallel()
 		mr, mc := miniRedis(t)
-		s, err := NewMarkerStore(mc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := NewMarkerWriter(mc, 0)
 		for key, v := range map[string]string{"same": "3", "older": "1", "newer": "5", "garbage": "not-a-number"} {
-			if err := mr.Set(MarkerKey(key), v); err != nil {
+			if err := mr.Set(queue.MarkerKey(key), v); err != nil {
 				t.Fatal(err)
 			}
-			mr.SetTTL(MarkerKey(key), 2*time.Hour)
+			mr.SetTTL(queue.MarkerKey(key), 2*time.Hour)
 		}
 		got := s.ReassertMany(t.Context(), []MarkerWrite{
-			{JobID: "same", Generation: 3, TTL: MarkerTTL},
+			{JobID: "same", Generation: 3, TTL: queue.MarkerTTL},
 			{JobID: "older", Generation: 2, TTL: time.Hour},
-			{JobID: "newer", Generation: 3, TTL: MarkerTTL},
+			{JobID: "newer", Generation: 3, TTL: queue.MarkerTTL},
 			{JobID: "missing", Generation: 4, TTL: time.Hour},
-			{JobID: "garbage", Generation: 1, TTL: MarkerTTL},
+			{JobID: "garbage", Generation: 1, TTL: queue.MarkerTTL},
 			{JobID: "expired", Generation: 1, TTL: 0},
 		})
 		want := []struct {
@@ -100,26 +93,26 @@ func TestMarkerStoreReassertMany(t *testing.T) {
 			bad bool
 		}{{false, false}, {true, false}, {false, false}, {true, false}, {false, true}, {false, false}}
 		for i, w := range want {
-			if got[i].Set != w.set || errors.Is(got[i].Err, ErrBadMarker) != w.bad || (!w.bad && got[i].Err != nil) {
-				t.Errorf("write %d = %+v, want set %v, ErrBadMarker %v", i, got[i], w.set, w.bad)
+			if got[i].Set != w.set || errors.Is(got[i].Err, queue.ErrBadMarker) != w.bad || (!w.bad && got[i].Err != nil) {
+				t.Errorf("write %d = %+v, want set %v, queue.ErrBadMarker %v", i, got[i], w.set, w.bad)
 			}
 		}
 		for key, want := range map[string]string{"same": "3", "newer": "5", "older": "2", "missing": "4", "garbage": "not-a-number"} {
-			if v, _ := mr.Get(MarkerKey(key)); v != want {
+			if v, _ := mr.Get(queue.MarkerKey(key)); v != want {
 				t.Errorf("marker %s = %q, want %q", key, v, want)
 			}
 		}
 		// The markers found there keep their TTL: a re-assertion never
 		// extends one.
 		for _, key := range []string{"same", "newer"} {
-			if ttl := mr.TTL(MarkerKey(key)); ttl != 2*time.Hour {
+			if ttl := mr.TTL(queue.MarkerKey(key)); ttl != 2*time.Hour {
 				t.Errorf("marker %s TTL = %v, want its 2h kept", key, ttl)
 			}
 		}
-		if ttl := mr.TTL(MarkerKey("missing")); ttl != time.Hour {
+		if ttl := mr.TTL(queue.MarkerKey("missing")); ttl != time.Hour {
 			t.Errorf("restored marker TTL = %v, want the 1h left", ttl)
 		}
-		if mr.Exists(MarkerKey("expired")) {
+		if mr.Exists(queue.MarkerKey("expired")) {
 			t.Error("a marker past its 7 days was written")
 		}
 	})
@@ -127,14 +120,11 @@ func TestMarkerStoreReassertMany(t *testing.T) {
 	t.Run("RedisDownFailsEveryWrite", func(t *testing.T) {
 		t.Parallel()
 		mr, mc := miniRedis(t)
-		s, err := NewMarkerStore(mc, WithMarkerOpTimeout(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := NewMarkerWriter(mc, time.Second)
 		mr.Close()
-		got := s.ReassertMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: MarkerTTL}, {JobID: "b", Generation: 1, TTL: MarkerTTL}})
+		got := s.ReassertMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: queue.MarkerTTL}, {JobID: "b", Generation: 1, TTL: queue.MarkerTTL}})
 		for i, r := range got {
-			if r.Set || r.Err == nil || errors.Is(r.Err, ErrBadMarker) {
+			if r.Set || r.Err == nil || errors.Is(r.Err, queue.ErrBadMarker) {
 				t.Errorf("write %d with Redis down = %+v, want a Redis error", i, r)
 			}
 		}
@@ -143,27 +133,24 @@ func TestMarkerStoreReassertMany(t *testing.T) {
 
 // MissingMany says which markers SetMany would have to write, and writes
 // none: a pass that holds its marker writes counts them this way.
-func TestMarkerStoreMissingMany(t *testing.T) {
+func TestMarkerWriterMissingMany(t *testing.T) {
 	t.Parallel()
 
 	t.Run("SaysWhatIsNotThereAndWritesNothing", func(t *testing.T) {
 		t.Parallel()
 		mr, mc := miniRedis(t)
-		s, err := NewMarkerStore(mc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := NewMarkerWriter(mc, 0)
 		for key, v := range map[string]string{"same": "3", "older": "1", "newer": "5", "garbage": "not-a-number"} {
-			if err := mr.Set(MarkerKey(key), v); err != nil {
+			if err := mr.Set(queue.MarkerKey(key), v); err != nil {
 				t.Fatal(err)
 			}
 		}
 		got := s.MissingMany(t.Context(), []MarkerWrite{
-			{JobID: "same", Generation: 3, TTL: MarkerTTL},
+			{JobID: "same", Generation: 3, TTL: queue.MarkerTTL},
 			{JobID: "older", Generation: 2, TTL: time.Hour},
-			{JobID: "newer", Generation: 3, TTL: MarkerTTL},
+			{JobID: "newer", Generation: 3, TTL: queue.MarkerTTL},
 			{JobID: "missing", Generation: 4, TTL: time.Hour},
-			{JobID: "garbage", Generation: 1, TTL: MarkerTTL},
+			{JobID: "garbage", Generation: 1, TTL: queue.MarkerTTL},
 			{JobID: "expired", Generation: 1, TTL: 0},
 		})
 		for i, want := range []bool{false, true, false, true, true, false} {
@@ -172,12 +159,12 @@ func TestMarkerStoreMissingMany(t *testing.T) {
 			}
 		}
 		for key, want := range map[string]string{"same": "3", "older": "1", "newer": "5", "garbage": "not-a-number"} {
-			if v, _ := mr.Get(MarkerKey(key)); v != want {
+			if v, _ := mr.Get(queue.MarkerKey(key)); v != want {
 				t.Errorf("marker %s = %q, want %q kept", key, v, want)
 			}
 		}
 		for _, key := range []string{"missing", "expired"} {
-			if mr.Exists(MarkerKey(key)) {
+			if mr.Exists(queue.MarkerKey(key)) {
 				t.Errorf("marker %s was written", key)
 			}
 		}
@@ -186,15 +173,12 @@ func TestMarkerStoreMissingMany(t *testing.T) {
 	t.Run("RedisDownFailsEveryRead", func(t *testing.T) {
 		t.Parallel()
 		mr, mc := miniRedis(t)
-		s, err := NewMarkerStore(mc, WithMarkerOpTimeout(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := NewMarkerWriter(mc, time.Second)
 		mr.Close()
-		got := s.MissingMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: MarkerTTL}, {JobID: "b", Generation: 1, TTL: MarkerTTL}})
+		got := s.MissingMany(t.Context(), []MarkerWrite{{JobID: "a", Generation: 1, TTL: queue.MarkerTTL}, {JobID: "b", Generation: 1, TTL: queue.MarkerTTL}})
 		for i, r := range got {
-			if r.Set || r.Err == nil || !strings.Contains(r.Err.Error(), "queue.MarkerStore.MissingMany") {
-				t.Errorf("read %d with Redis down = %+v, want an error naming queue.MarkerStore.MissingMany", i, r)
+			if r.Set || r.Err == nil || !strings.Contains(r.Err.Error(), "asynqstate.MarkerWriter.MissingMany") {
+				t.Errorf("read %d with Redis down = %+v, want an error naming asynqstate.MarkerWriter.MissingMany", i, r)
 			}
 		}
 	})

@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"

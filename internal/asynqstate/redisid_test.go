@@ -1,9 +1,11 @@
-package queue
+package asynqstate
 
 import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // RedisID names topology, address or master name, and database, and
@@ -39,8 +41,8 @@ func TestRedisIDRefusesABadURLWithoutItsPassword(t *testing.T) {
 		"redis://:s3cret@s1:26379/x?master_name=m",
 	} {
 		id, err := RedisID(raw)
-		if !errors.Is(err, ErrBadRedisURL) || id != "" {
-			t.Errorf("RedisID(%s) = %q, %v; want ErrBadRedisURL", raw, id, err)
+		if !errors.Is(err, queue.ErrBadRedisURL) || id != "" {
+			t.Errorf("RedisID(%s) = %q, %v; want queue.ErrBadRedisURL", raw, id, err)
 			continue
 		}
 		if strings.Contains(err.Error(), "s3cret") {

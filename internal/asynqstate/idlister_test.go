@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
@@ -166,8 +167,8 @@ func TestIDLister(t *testing.T) {
 
 	t.Run("ChunkBelowOneThousandIsRefused", func(t *testing.T) {
 		t.Parallel()
-		if _, err := NewIDLister(nil, WithPageSize(10)); !errors.Is(err, ErrBadOption) {
-			t.Fatalf("NewIDLister(WithPageSize(10)): %v, want ErrBadOption", err)
+		if _, err := NewIDLister(nil, WithPageSize(10)); !errors.Is(err, queue.ErrBadOption) {
+			t.Fatalf("NewIDLister(WithPageSize(10)): %v, want queue.ErrBadOption", err)
 		}
 	})
 }

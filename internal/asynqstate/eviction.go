@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/internal/redisop"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // EvictionPolicySafe is the only maxmemory-policy under which Redis never
@@ -21,7 +24,8 @@ const EvictionPolicySafe = "noeviction"
 var ErrConfigRefused = errors.New("Redis refused CONFIG GET")
 
 // PolicyReader reads Redis's eviction policy. It is a type of its own, not
-// a MarkerStore method, so that the marker store keeps only Get and Set.
+// a method of the marker writer, so that the marker types keep only their
+// reads and writes.
 type PolicyReader struct {
 	client    redis.UniversalClient
 	opTimeout time.Duration
@@ -29,10 +33,10 @@ type PolicyReader struct {
 
 // NewPolicyReader returns a PolicyReader over client (the Redis that holds
 // the markers; build it with ContextTimeoutEnabled: true) whose calls are
-// bounded by opTimeout (MarkerOpTimeoutDefault when not positive).
+// bounded by opTimeout (queue.MarkerOpTimeoutDefault when not positive).
 func NewPolicyReader(client redis.UniversalClient, opTimeout time.Duration) *PolicyReader {
 	if opTimeout <= 0 {
-		opTimeout = MarkerOpTimeoutDefault
+		opTimeout = queue.MarkerOpTimeoutDefault
 	}
 	return &PolicyReader{client: client, opTimeout: opTimeout}
 }
@@ -45,7 +49,7 @@ func NewPolicyReader(client redis.UniversalClient, opTimeout time.Duration) *Pol
 // value; a call that exceeded the store's timeout (wrapping
 // context.DeadlineExceeded); any other failure, wrapped.
 func (s *PolicyReader) EvictionPolicy(ctx context.Context) (string, error) {
-	ctx, done := opTimeout(ctx, "queue.PolicyReader.EvictionPolicy", s.opTimeout)
+	ctx, done := redisop.Timeout(ctx, "asynqstate.PolicyReader.EvictionPolicy", s.opTimeout)
 	vals, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
 	var reply redis.Error
 	if errors.As(err, &reply) {

@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // ErrRequeueRefused means Requeue refused a job and changed nothing: the
@@ -21,7 +22,7 @@ var ErrRequeueRefused = errors.New("requeue refused")
 // RequeueStore is what Requeue needs from PostgreSQL; *jobs.Store
 // satisfies it.
 type RequeueStore interface {
-	EnqueueStore
+	queue.EnqueueStore
 	// Requeue puts the job back to QUEUED with its generation raised, if
 	// it is still as read; pgstore.ErrChangedSinceRead otherwise.
 	Requeue(ctx context.Context, p pgstore.RequeueParams) (int64, error)
@@ -99,7 +100,7 @@ type Requeued struct {
 // compare-and-set on what was read, so a job that moved meanwhile is
 // refused too, and the type's on_requeued cascade runs in its
 // transaction), the old task is deleted, and a new one is enqueued with
-// the same ID, type and payload through Enqueue: the row's queue, Timeout
+// the same ID, type and payload through queue.Enqueue: the row's queue, Timeout
 // = the type's hard_timeout, the old task's MaxRetry, and no deadline,
 // whatever the old task had.
 //
@@ -117,11 +118,11 @@ func (r *Requeuer) Requeue(ctx context.Context, jobID, reason string) (Requeued,
 		return refuse("no job has this ID")
 	}
 	if err != nil {
-		return out, fmt.Errorf("queue.Requeuer: job %s: reading the row: %w", jobID, err)
+		return out, fmt.Errorf("asynqstate.Requeuer: job %s: reading the row: %w", jobID, err)
 	}
 	out.FromStatus, out.Queue, out.Generation = row.Status, row.Queue, row.Generation
 	if out.Queue == "" {
-		out.Queue = QueueDefault
+		out.Queue = queue.QueueDefault
 	}
 	// Looked up before the row's status is judged, so that every refusal
 	// says where asynq holds the task; a lookup that fails is an error only
@@ -141,7 +142,7 @@ func (r *Requeuer) Requeue(ctx context.Context, jobID, reason string) (Requeued,
 		return refuse("it is COMPLETED")
 	}
 	if lookupErr != nil {
-		return out, fmt.Errorf("queue.Requeuer: job %s: looking the task up in queue %q: %w", jobID, out.Queue, lookupErr)
+		return out, fmt.Errorf("asynqstate.Requeuer: job %s: looking the task up in queue %q: %w", jobID, out.Queue, lookupErr)
 	}
 	if noTask {
 		return refuse("asynq holds no task for it in queue %q, so there is no payload to send: the product must enqueue the job again", out.Queue)
@@ -175,18 +176,18 @@ func (r *Requeuer) Requeue(ctx context.Context, jobID, reason string) (Requeued,
 		return refuse("the job changed while it was being requeued; run the command again")
 	}
 	if err != nil {
-		return out, fmt.Errorf("queue.Requeuer: job %s: %w", jobID, err)
+		return out, fmt.Errorf("asynqstate.Requeuer: job %s: %w", jobID, err)
 	}
 	out.Generation = gen
 	if err := r.insp.DeleteTask(out.Queue, jobID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 		// A waiting task delivered meanwhile is active: asynq refuses to
 		// delete it, and the start guard claims it for the new generation.
-		return out, fmt.Errorf("queue.Requeuer: job %s is QUEUED at generation %d but its %s task could not be deleted "+
+		return out, fmt.Errorf("asynqstate.Requeuer: job %s is QUEUED at generation %d but its %s task could not be deleted "+
 			"(if asynq delivered it meanwhile, that delivery runs the job; otherwise run requeue again): %w",
 			jobID, gen, out.TaskState, err)
 	}
-	if _, err := Enqueue(ctx, r.client, r.store, asynq.NewTask(info.Type, info.Payload), jobID, asynq.MaxRetry(info.MaxRetry)); err != nil {
-		return out, fmt.Errorf("queue.Requeuer: job %s is QUEUED at generation %d and its %s task was deleted, but the new task could not be enqueued "+
+	if _, err := queue.Enqueue(ctx, r.client, r.store, asynq.NewTask(info.Type, info.Payload), jobID, asynq.MaxRetry(info.MaxRetry)); err != nil {
+		return out, fmt.Errorf("asynqstate.Requeuer: job %s is QUEUED at generation %d and its %s task was deleted, but the new task could not be enqueued "+
 			"(the product must enqueue it, type %q, %d payload bytes): %w", jobID, gen, out.TaskState, info.Type, len(info.Payload), err)
 	}
 	return out, nil

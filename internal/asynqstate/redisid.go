@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/internal/redact"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // RedisID names the Redis a URL of NewRedisClient's three forms reads, so
@@ -27,19 +28,19 @@ import (
 //
 // Host names are lower-cased. Nothing else of the URL is kept: no user
 // name or password, no TLS (rediss:// reads the same Redis as redis://),
-// no option. Errors wrap ErrBadRedisURL and name the URL without its
+// no option. Errors wrap queue.ErrBadRedisURL and name the URL without its
 // password; nothing is dialled.
 func RedisID(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("redis URL %s: %w", redact.URL(raw), ErrBadRedisURL)
+		return "", fmt.Errorf("redis URL %s: %w", redact.URL(raw), queue.ErrBadRedisURL)
 	}
 	fail := func(err error) (string, error) {
 		msg := err.Error()
 		if pw, ok := u.User.Password(); ok && pw != "" {
 			msg = strings.ReplaceAll(msg, pw, "xxxxx")
 		}
-		return "", fmt.Errorf("redis URL %s: %s: %w", redact.URL(raw), msg, ErrBadRedisURL)
+		return "", fmt.Errorf("redis URL %s: %s: %w", redact.URL(raw), msg, queue.ErrBadRedisURL)
 	}
 	q := u.Query()
 	switch {
@@ -48,7 +49,7 @@ func RedisID(raw string) (string, error) {
 		if err != nil {
 			return fail(err)
 		}
-		return fmt.Sprintf("%s %s/%d", TopologySentinel, fo.MasterName, fo.DB), nil
+		return fmt.Sprintf("%s %s/%d", queue.TopologySentinel, fo.MasterName, fo.DB), nil
 	case q.Has("addr"):
 		co, err := redis.ParseClusterURL(raw)
 		if err != nil {
@@ -59,16 +60,16 @@ func RedisID(raw string) (string, error) {
 			seeds[i] = lowerHost(a)
 		}
 		slices.Sort(seeds)
-		return fmt.Sprintf("%s %s/0", TopologyCluster, strings.Join(slices.Compact(seeds), ",")), nil
+		return fmt.Sprintf("%s %s/0", queue.TopologyCluster, strings.Join(slices.Compact(seeds), ",")), nil
 	}
 	o, err := redis.ParseURL(raw)
 	if err != nil {
 		return fail(err)
 	}
 	if o.Network == "unix" {
-		return fmt.Sprintf("%s unix:%s/%d", TopologySingle, o.Addr, o.DB), nil
+		return fmt.Sprintf("%s unix:%s/%d", queue.TopologySingle, o.Addr, o.DB), nil
 	}
-	return fmt.Sprintf("%s %s/%d", TopologySingle, lowerHost(o.Addr), o.DB), nil
+	return fmt.Sprintf("%s %s/%d", queue.TopologySingle, lowerHost(o.Addr), o.DB), nil
 }
 
 // lowerHost lower-cases the host of a host:port address (DNS names are

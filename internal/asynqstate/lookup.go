@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -67,7 +67,7 @@ var taskStatuses = map[asynq.TaskState]TaskStatus{
 // does not know (a newer asynq), so that nothing is reaped on a guess.
 func (l *InspectorLister) TaskStatus(ctx context.Context, queue, id string) (TaskStatus, error) {
 	if err := ctx.Err(); err != nil {
-		return "", fmt.Errorf("queue.InspectorLister.TaskStatus: queue %q task %q: %w", queue, id, err)
+		return "", fmt.Errorf("asynqstate.InspectorLister.TaskStatus: queue %q task %q: %w", queue, id, err)
 	}
 	info, err := l.inspector.GetTaskInfo(queue, id)
 	if errors.Is(err, asynq.ErrQueueNotFound) {
@@ -77,11 +77,11 @@ func (l *InspectorLister) TaskStatus(ctx context.Context, queue, id string) (Tas
 		return TaskNotFound, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("queue.InspectorLister.TaskStatus: queue %q task %q: %w", queue, id, err)
+		return "", fmt.Errorf("asynqstate.InspectorLister.TaskStatus: queue %q task %q: %w", queue, id, err)
 	}
 	st, ok := taskStatuses[info.State]
 	if !ok {
-		return "", fmt.Errorf("queue.InspectorLister.TaskStatus: queue %q task %q: unknown asynq task state %v", queue, id, info.State)
+		return "", fmt.Errorf("asynqstate.InspectorLister.TaskStatus: queue %q task %q: unknown asynq task state %v", queue, id, info.State)
 	}
 	return st, nil
 }

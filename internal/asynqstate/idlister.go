@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"cmp"
@@ -78,7 +78,7 @@ type IDLister struct {
 // ListPageSizeDefault IDs; WithPageSize sets the chunk size, with the same
 // minimum as for the Inspector lister. Build client with
 // ContextTimeoutEnabled: true so that ctx's deadline bounds each pipeline.
-// It returns an error wrapping ErrBadOption when an option's value breaks
+// It returns an error wrapping queue.ErrBadOption when an option's value breaks
 // its rule.
 func NewIDLister(client redis.UniversalClient, opts ...ListerOption) (*IDLister, error) {
 	insp, err := NewInspectorLister(asynq.NewInspectorFromRedisClient(client), opts...)
@@ -94,7 +94,7 @@ func NewIDLister(client redis.UniversalClient, opts ...ListerOption) (*IDLister,
 func (l *IDLister) Queues(ctx context.Context) ([]string, error) {
 	qs, err := l.client.SMembers(ctx, asynqQueuesKey).Result()
 	if err != nil {
-		return nil, fmt.Errorf("queue.IDLister.Queues: %w", err)
+		return nil, fmt.Errorf("asynqstate.IDLister.Queues: %w", err)
 	}
 	slices.Sort(qs)
 	return qs, nil
@@ -233,7 +233,7 @@ func (l *IDLister) StreamActive(ctx context.Context, queues []string, fn func(Ac
 			}
 			fail := func(err error) {
 				failed[c.queue] = true
-				fn(ActiveChunk{Queue: c.queue, Err: fmt.Errorf("queue.IDLister.ListActive: queue %q: %w", c.queue, err)})
+				fn(ActiveChunk{Queue: c.queue, Err: fmt.Errorf("asynqstate.IDLister.ListActive: queue %q: %w", c.queue, err)})
 			}
 			if c.first {
 				if err := cmp.Or(c.known.Err(), c.sizes.Err()); err != nil {

@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobreaper/jobreaper/internal/redisop"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // CancelChannel is the Redis channel asynq's servers listen on for cancels
@@ -29,10 +32,10 @@ type Canceller struct {
 }
 
 // NewCanceller returns a Canceller over client; each pipeline is bounded
-// by opTimeout (0: MarkerOpTimeoutDefault).
+// by opTimeout (0: queue.MarkerOpTimeoutDefault).
 func NewCanceller(client redis.UniversalClient, opTimeout time.Duration) *Canceller {
 	if opTimeout <= 0 {
-		opTimeout = MarkerOpTimeoutDefault
+		opTimeout = queue.MarkerOpTimeoutDefault
 	}
 	return &Canceller{client: client, opTimeout: opTimeout}
 }
@@ -47,7 +50,7 @@ func NewCanceller(client redis.UniversalClient, opTimeout time.Duration) *Cancel
 func (c *Canceller) Cancel(ctx context.Context, ids []string) (sent int, err error) {
 	for start := 0; start < len(ids); start += CancelChunk {
 		chunk := ids[start:min(start+CancelChunk, len(ids))]
-		cctx, done := opTimeout(ctx, "queue.Canceller.Cancel", c.opTimeout)
+		cctx, done := redisop.Timeout(ctx, "asynqstate.Canceller.Cancel", c.opTimeout)
 		_, err := c.client.Pipelined(cctx, func(p redis.Pipeliner) error {
 			for _, id := range chunk {
 				p.Publish(cctx, CancelChannel, id)

@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -8,13 +8,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // FuzzMarkerValueReadAlikeByGetAndSet writes any value under a marker key
 // of the real Redis (as another tool sharing it might), then reads it with
-// Get (Go) and writes over it with Set (the Lua compare-and-set that runs
-// inside Redis): both must read the value alike. A value Get refuses as
-// ErrBadMarker is refused by Set too and left as it is; a value Get reads
+// the guard's queue.MarkerStore.Get (Go) and writes over it with
+// MarkerWriter.Set (the Lua compare-and-set that runs inside Redis): both must read the value alike. A value Get refuses as
+// queue.ErrBadMarker is refused by Set too and left as it is; a value Get reads
 // as generation g is overwritten by Set exactly when Set's generation is
 // greater than g.
 func FuzzMarkerValueReadAlikeByGetAndSet(f *testing.F) {
@@ -25,10 +27,11 @@ func FuzzMarkerValueReadAlikeByGetAndSet(f *testing.F) {
 	// Doubles cannot tell these apart (2^53 and 2^53 + 1).
 	f.Add("9007199254740992", int64(9007199254740993))
 	rc := realRedis(f)
-	s, err := NewMarkerStore(rc)
+	r, err := queue.NewMarkerStore(rc)
 	if err != nil {
 		f.Fatal(err)
 	}
+	w := NewMarkerWriter(rc, 0)
 	prefix := unique(f, "fuzz-marker-")
 	var n atomic.Int64
 	f.Fuzz(func(t *testing.T, stored string, gen int64) {
@@ -37,20 +40,20 @@ func FuzzMarkerValueReadAlikeByGetAndSet(f *testing.F) {
 			gen = -(gen + 1)
 		}
 		id := prefix + "-" + strconv.FormatInt(n.Add(1), 10)
-		key := MarkerKey(id)
+		key := queue.MarkerKey(id)
 		defer rc.Del(context.Background(), key)
 		if err := rc.Set(ctx, key, stored, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
-		g, found, getErr := s.Get(ctx, id)
-		set, setErr := s.Set(ctx, id, gen, time.Minute)
+		g, found, getErr := r.Get(ctx, id)
+		set, setErr := w.Set(ctx, id, gen, time.Minute)
 		after, err := rc.Get(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch {
-		case errors.Is(getErr, ErrBadMarker):
-			if !errors.Is(setErr, ErrBadMarker) || set || after != stored {
+		case errors.Is(getErr, queue.ErrBadMarker):
+			if !errors.Is(setErr, queue.ErrBadMarker) || set || after != stored {
 				t.Fatalf("value %q: Get refuses it (%v), but Set(%d) = %v, %v and left %q", stored, getErr, gen, set, setErr, after)
 			}
 		case getErr != nil || !found:

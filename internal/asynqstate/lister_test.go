@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // blockingHandler holds every task until release is closed (or the
@@ -172,8 +173,8 @@ func TestInspectorLister(t *testing.T) {
 	t.Run("PageSizeBelowOneThousandIsRefused", func(t *testing.T) {
 		t.Parallel()
 		_, err := NewInspectorLister(nil, WithPageSize(999))
-		if !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), "WithPageSize(999)") || !strings.Contains(err.Error(), "at least 1000") {
-			t.Fatalf("NewInspectorLister(WithPageSize(999)): err = %v, want ErrBadOption naming the value and the minimum", err)
+		if !errors.Is(err, queue.ErrBadOption) || !strings.Contains(err.Error(), "WithPageSize(999)") || !strings.Contains(err.Error(), "at least 1000") {
+			t.Fatalf("NewInspectorLister(WithPageSize(999)): err = %v, want queue.ErrBadOption naming the value and the minimum", err)
 		}
 		l, err := NewInspectorLister(nil, WithPageSize(5000))
 		if err != nil || l.pageSize != 5000 {

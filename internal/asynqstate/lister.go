@@ -1,4 +1,4 @@
-package queue
+package asynqstate
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobreaper/jobreaper/queue"
 )
 
 // ListPageSizeDefault is the page size InspectorLister asks asynq for.
@@ -68,11 +70,11 @@ type ListerOption func(*InspectorLister) error
 
 // WithPageSize sets how many active tasks one Inspector call returns
 // (default ListPageSizeDefault). n below ListPageSizeMin makes
-// NewInspectorLister return an error wrapping ErrBadOption.
+// NewInspectorLister return an error wrapping queue.ErrBadOption.
 func WithPageSize(n int) ListerOption {
 	return func(l *InspectorLister) error {
 		if n < ListPageSizeMin {
-			return fmt.Errorf("queue.WithPageSize(%d): %w: the page size must be at least %d, since asynq loads every expired lease of the queue on every page", n, ErrBadOption, ListPageSizeMin)
+			return fmt.Errorf("asynqstate.WithPageSize(%d): %w: the page size must be at least %d, since asynq loads every expired lease of the queue on every page", n, queue.ErrBadOption, ListPageSizeMin)
 		}
 		l.pageSize = n
 		return nil
@@ -80,7 +82,7 @@ func WithPageSize(n int) ListerOption {
 }
 
 // NewInspectorLister returns an InspectorLister over inspector. It returns
-// an error wrapping ErrBadOption when an option's value breaks its rule.
+// an error wrapping queue.ErrBadOption when an option's value breaks its rule.
 func NewInspectorLister(inspector *asynq.Inspector, opts ...ListerOption) (*InspectorLister, error) {
 	l := &InspectorLister{inspector: inspector, pageSize: ListPageSizeDefault}
 	for _, o := range opts {
@@ -96,11 +98,11 @@ func NewInspectorLister(inspector *asynq.Inspector, opts ...ListerOption) (*Insp
 // Redis error naming the operation.
 func (l *InspectorLister) Queues(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("queue.InspectorLister.Queues: %w", err)
+		return nil, fmt.Errorf("asynqstate.InspectorLister.Queues: %w", err)
 	}
 	qs, err := l.inspector.Queues()
 	if err != nil {
-		return nil, fmt.Errorf("queue.InspectorLister.Queues: %w", err)
+		return nil, fmt.Errorf("asynqstate.InspectorLister.Queues: %w", err)
 	}
 	slices.Sort(qs)
 	return qs, nil
@@ -127,14 +129,14 @@ func (l *InspectorLister) ListActive(ctx context.Context, queue string) (ActiveT
 	)
 	for page := 1; ; page++ {
 		if err := ctx.Err(); err != nil {
-			return ActiveTasks{}, fmt.Errorf("queue.InspectorLister.ListActive: queue %q page %d: %w", queue, page, err)
+			return ActiveTasks{}, fmt.Errorf("asynqstate.InspectorLister.ListActive: queue %q page %d: %w", queue, page, err)
 		}
 		infos, err := l.inspector.ListActiveTasks(queue, asynq.PageSize(l.pageSize), asynq.Page(page))
 		if errors.Is(err, asynq.ErrQueueNotFound) {
 			return ActiveTasks{NotFound: true}, nil
 		}
 		if err != nil {
-			return ActiveTasks{}, fmt.Errorf("queue.InspectorLister.ListActive: queue %q page %d: %w", queue, page, err)
+			return ActiveTasks{}, fmt.Errorf("asynqstate.InspectorLister.ListActive: queue %q page %d: %w", queue, page, err)
 		}
 		if len(infos) == 0 {
 			return out, nil
