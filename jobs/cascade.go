@@ -29,5 +29,5 @@ const (
 )
 
 // CascadeArgNames are the named arguments a cascade statement may use, in
-// the order error messages list them: job_id, parent_id, tenant_id, type.
-var CascadeArgNames = pgcore.CascadeArgNames
+// the order error messages list them.
+var CascadeArgNames = []string{"job_id", "parent_id", "tenant_id", "type"}

@@ -32,7 +32,7 @@ var ErrBadSchema = errors.New("schema name must be a plain identifier: letters, 
 // a wrong URL or credentials fail here.
 //
 // Each of configure, when given, adjusts the pool's configuration before
-// the pool is created (ConnWatch.Install puts the daemon's tracer there).
+// the pool is created (the daemon installs its connection-loss tracer there).
 //
 // Errors: ErrBadSchema for a malformed schema name; otherwise an error that
 // names the host but never the password of databaseURL.

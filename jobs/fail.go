@@ -47,7 +47,7 @@ var failureCodePattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
 // breaks grouping and metrics, and may carry URLs or secrets; it belongs in
 // the log. The reaper's codes, stalled and lost_task, are refused too: the
 // start guard and marker repair read them as a reap; so is cancelled, which
-// only an operator's Cancel writes. The error wraps
+// only an operator's `jobreaper cancel` writes. The error wraps
 // ErrInvalidArgument and, for the same reason, does not quote a refused
 // error text.
 func CheckFailureCode(code string) error {

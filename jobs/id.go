@@ -12,7 +12,7 @@ import "github.com/jobreaper/jobreaper/internal/idcheck"
 // enforced in code, not by a CHECK on the table: a CHECK would fail a
 // migration on a database that already holds a longer ID, and jobreaper
 // never inserts job rows itself.
-const MaxIDLength = idcheck.MaxIDLength
+const MaxIDLength = 1024
 
 // CheckID reports whether id can be a job ID: not empty, valid UTF-8 (the
 // encoding of a text column in a UTF8 database, which rejects anything else

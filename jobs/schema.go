@@ -32,10 +32,10 @@ var ownTables = []string{"job_types", "jobs", "job_events", "job_batches"}
 // current schema, so the check names the schema in each lookup
 // (to_regclass('"jobreaper".jobs')) instead of asking the connection.
 //
-// Errors: ErrBadSchema for a name that breaks ValidSchema; ErrNotMigrated
-// naming the schema, what is missing and `jobreaper migrate --schema
-// <name>`; a wrapped driver error (timeout: OpTimeoutDefault or
-// WithOpTimeout) when PostgreSQL fails.
+// Errors: ErrBadSchema for a name that is not a plain identifier (see
+// Connect); ErrNotMigrated naming the schema, what is missing and
+// `jobreaper migrate --schema <name>`; a wrapped driver error (timeout:
+// OpTimeoutDefault or WithOpTimeout) when PostgreSQL fails.
 func (s *Store) CheckSchema(ctx context.Context) error {
 	ctx, done := s.core.Op(ctx, "CheckSchema")
 	return done(checkSchema(ctx, s.core.DB(), s.core.Schema()))

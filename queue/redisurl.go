@@ -64,8 +64,8 @@ type RedisClientOptions struct {
 //
 // The client has ContextTimeoutEnabled set (see NewMarkerStore). asynq
 // takes it (asynq.NewServerFromRedisClient, NewClientFromRedisClient,
-// NewInspectorFromRedisClient), as do NewMarkerStore, NewIDLister and
-// NewEnqueuer. The caller closes it.
+// NewInspectorFromRedisClient), as do NewMarkerStore and NewEnqueuer (and
+// the daemon's listers and marker writes). The caller closes it.
 //
 // A password given as a query parameter (password=, sentinel_password=) is
 // refused, since query strings are printed in full; put it in the URL's
