@@ -137,7 +137,7 @@ const SnapshotColumns = `
 // Get reads one job row and its type limits. It returns an error wrapping
 // ErrNotFound when no row has that ID, and one wrapping idcheck.ErrBadID
 // (nothing sent) for an ID no row can have (idcheck.CheckID: empty, a NUL byte, invalid
-// UTF-8, over MaxIDLength), which PostgreSQL would answer with a driver
+// UTF-8, over idcheck.MaxIDLength), which PostgreSQL would answer with a driver
 // error and the ID's raw bytes.
 func (c *Core) Get(ctx context.Context, id string) (Snapshot, error) {
 	ctx, done := c.Op(ctx, "Get")

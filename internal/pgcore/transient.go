@@ -36,7 +36,7 @@ import (
 // Never transient: nil, context.Canceled (the caller gave up), any other
 // PostgreSQL error (a constraint, a permission, a bad statement: sending
 // it again gives the same answer), a closed pool, and jobreaper's own
-// refusals (ErrStaleWorker, ErrJobTerminal and the like), which wrap none
+// refusals (jobs.ErrStaleWorker, ErrJobTerminal and the like), which wrap none
 // of the above.
 func Transient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
