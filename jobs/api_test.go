@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"flag"
+	"slices"
 	"testing"
 
 	"github.com/jobreaper/jobreaper/internal/apilist"
@@ -31,5 +32,19 @@ func TestPublicAPI(t *testing.T) {
 	}
 	if err := apilist.Compare(got, golden, how); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestImportsNoDaemonPackage holds the arrows: the worker library imports neither queue nor reaper, nor the daemon's statements, so that a worker
+// binary links none of them.
+func TestImportsNoDaemonPackage(t *testing.T) {
+	deps, err := apilist.Deps("github.com/jobreaper/jobreaper/jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, banned := range []string{"github.com/jobreaper/jobreaper/queue", "github.com/jobreaper/jobreaper/reaper", "github.com/jobreaper/jobreaper/internal/pgstore", "github.com/jobreaper/jobreaper/internal/asynqstate"} {
+		if slices.Contains(deps, banned) {
+			t.Errorf("jobs imports %s, directly or through another package", banned)
+		}
 	}
 }

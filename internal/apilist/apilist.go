@@ -155,3 +155,17 @@ func Write(got []string, goldenPath string, header []string) error {
 	}
 	return os.WriteFile(goldenPath, []byte(b.String()), 0o644)
 }
+
+// Deps returns the packages importPath imports, directly or not, as `go
+// list -deps` lists them (the package itself included). Errors: the go
+// command's failure, with its output.
+func Deps(importPath string) ([]string, error) {
+	cmd := exec.Command("go", "list", "-deps", importPath)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -deps %s: %w: %s", importPath, err, stderr.String())
+	}
+	return strings.Fields(string(out)), nil
+}
