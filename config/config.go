@@ -14,6 +14,7 @@ import (
 	"cmp"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -283,8 +284,8 @@ func (c Config) minStallTimeout() (d time.Duration, saturated bool) {
 // hard_timeout of a type whose column is NULL: the asynq Timeout
 // queue.Enqueue gives such a type's tasks, so the bad_limits rule checks
 // what asynq really does.
-func (c Config) StallRule() jobs.StallRule {
-	return jobs.StallRule{
+func (c Config) StallRule() pgstore.StallRule {
+	return pgstore.StallRule{
 		DefaultStallTimeout: c.StallTimeout,
 		MinStallTimeout:     c.MinStallTimeout(),
 		DefaultHardTimeout:  jobs.HardTimeoutDefault,

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
 // valid returns a Config that passes Validate, for tests to break one field.
@@ -124,7 +124,7 @@ func TestStallRule(t *testing.T) {
 	c := valid()
 	c.StallTimeout, c.HeartbeatInterval, c.Interval = 20*time.Minute, 4*time.Minute, 2*time.Minute
 	got := c.StallRule()
-	want := jobs.StallRule{
+	want := pgstore.StallRule{
 		DefaultStallTimeout: 20 * time.Minute,
 		MinStallTimeout:     10 * time.Minute, // 2 x 4m + 2m
 		DefaultHardTimeout:  24 * time.Hour,

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -246,10 +247,10 @@ func statements(val any) ([]string, error) {
 }
 
 // display renders a value for an error message: secret settings only
-// through jobs.RedactURL, strings quoted.
+// through redact.URL, strings quoted.
 func display(s setting, val any) string {
 	if s.secret {
-		return jobs.RedactURL(fmt.Sprint(val))
+		return redact.URL(fmt.Sprint(val))
 	}
 	if str, ok := val.(string); ok {
 		return strconv.Quote(str)

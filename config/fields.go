@@ -29,7 +29,7 @@ type setting struct {
 	key   string // YAML key and koanf path, e.g. "stall_timeout"
 	usage string // flag help; the default is appended by pflag
 	// secret settings never show their value in an error except through
-	// jobs.RedactURL.
+	// redact.URL.
 	secret bool
 }
 

@@ -65,7 +65,7 @@ func Load(src Sources) (Config, error) {
 // when the parser gives it, the line); a key in the file that is not a
 // setting (named with its line and the nearest known key: typos are never
 // dropped); and every value that does not decode to its setting's type,
-// naming the setting, the value (URLs only through jobs.RedactURL) and
+// naming the setting, the value (URLs only through redact.URL) and
 // where it came from. Every problem with a key or a value is reported,
 // joined with errors.Join, each a *FieldError.
 func LoadWithOrigins(src Sources) (Config, Origins, error) {

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -54,7 +56,7 @@ func (e *FieldError) Error() string {
 //
 // database_url is required, since every command reads or writes the jobs
 // table. No URL's password appears in any message: URLs are shown through
-// jobs.RedactURL.
+// redact.URL.
 func (c Config) Validate() error {
 	var v validator
 	v.databaseURL(c.DatabaseURL)
@@ -63,7 +65,7 @@ func (c Config) Validate() error {
 	v.redisTLSServerName(c.RedisTLSServerName, c.RedisURL)
 	// The rule jobs.Connect applies, reported here with every other
 	// problem before anything connects.
-	if !jobs.ValidSchema(c.Schema) {
+	if !idcheck.ValidSchema(c.Schema) {
 		v.addf("schema", "schema %q is not a plain PostgreSQL identifier: use letters, digits and underscore, at most 63 characters, not starting with a digit", c.Schema)
 	}
 	v.queues(c.Queues)
@@ -147,9 +149,9 @@ func (v *validator) databaseURL(raw string) {
 	if _, err := pgconn.ParseConfig(raw); err != nil {
 		switch {
 		case !noScheme(raw):
-			v.addf("database_url", "database_url %s is not a valid PostgreSQL connection URL: use postgres://user:password@host:5432/db", jobs.RedactURL(raw))
+			v.addf("database_url", "database_url %s is not a valid PostgreSQL connection URL: use postgres://user:password@host:5432/db", redact.URL(raw))
 		case strings.Contains(raw, "="):
-			// A keyword=value string: jobs.RedactURL cannot redact it.
+			// A keyword=value string: redact.URL cannot redact it.
 			v.addf("database_url", "database_url (a keyword=value string, not shown: it may hold a password) is not a valid PostgreSQL connection string: use postgres://user:password@host:5432/db")
 		default:
 			v.addf("database_url", "database_url %s has no scheme: write it as a URL such as %s",
@@ -161,7 +163,7 @@ func (v *validator) databaseURL(raw string) {
 // noScheme reports whether raw lacks the "scheme://" a URL starts with.
 func noScheme(raw string) bool { return !strings.Contains(raw, "://") }
 
-// schemeless shows a value that has no scheme, which jobs.RedactURL cannot
+// schemeless shows a value that has no scheme, which redact.URL cannot
 // parse: a plain host:port as it is; with an "@", what follows it (what
 // precedes may be a password); anything else not at all, since it may be
 // a password in another form.
@@ -235,7 +237,7 @@ func (v *validator) redisURL(raw string) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		// url.Parse's error quotes the whole URL, password included.
-		v.addf("redis_url", "redis_url %s is not a valid URL: use redis://[:password@]host:port/db", jobs.RedactURL(raw))
+		v.addf("redis_url", "redis_url %s is not a valid URL: use redis://[:password@]host:port/db", redact.URL(raw))
 		return
 	}
 	// The three forms of queue.NewRedisClient: Sentinel (master_name),
@@ -243,7 +245,7 @@ func (v *validator) redisURL(raw string) {
 	var perr error
 	switch q := u.Query(); {
 	case q.Has("password"), q.Has("sentinel_password"):
-		v.addf("redis_url", "redis_url %s carries a password as a query parameter, which would be printed in full: put it in the user information (redis://:PASSWORD@host)", jobs.RedactURL(raw))
+		v.addf("redis_url", "redis_url %s carries a password as a query parameter, which would be printed in full: put it in the user information (redis://:PASSWORD@host)", redact.URL(raw))
 		return
 	case q.Has("master_name"):
 		_, perr = redis.ParseFailoverURL(raw)
@@ -258,7 +260,7 @@ func (v *validator) redisURL(raw string) {
 			reason = strings.ReplaceAll(reason, pw, "xxxxx")
 		}
 		v.addf("redis_url", "redis_url %s is not a valid Redis URL (%s): use redis://[:password@]host:port/db, rediss:// for TLS or unix:///path",
-			jobs.RedactURL(raw), reason)
+			redact.URL(raw), reason)
 	}
 }
 
@@ -273,9 +275,9 @@ func (v *validator) queues(queues []string) {
 		case seen[q]:
 			v.addf("queues", "queues item %d %q is listed twice", i+1, q)
 		default:
-			if err := jobs.CheckName("queue name", q); err != nil {
+			if err := idcheck.CheckName("queue name", q); err != nil {
 				v.addf("queues", "queues item %d: %s: a jobs row cannot name such a queue, nor a metric label hold it",
-					i+1, strings.TrimSuffix(err.Error(), ": "+jobs.ErrBadName.Error()))
+					i+1, strings.TrimSuffix(err.Error(), ": "+idcheck.ErrBadName.Error()))
 			}
 		}
 		seen[q] = true

@@ -123,7 +123,7 @@ SELECT cur.status, cur.generation, cur.failure_reason, snap.generation,
 // It returns a wrapped driver error when PostgreSQL fails; nothing was
 // claimed then, unless the failure hid a committed claim's answer.
 func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Admission, error) {
-	ctx, done := s.op(ctx, "Admit")
+	ctx, done := s.core.Op(ctx, "Admit")
 	var marker *int64
 	if req.HasMarker {
 		marker = &req.Marker
@@ -141,7 +141,7 @@ func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Admission, error) 
 	// reads as no row; lockedRead asks once more, and the new statement
 	// admits the new life as a later delivery would.
 	err := lockedRead(func() error {
-		return s.db.QueryRow(ctx, s.q(admitSQL), pgx.NamedArgs{
+		return s.core.DB().QueryRow(ctx, s.core.Q(admitSQL), pgx.NamedArgs{
 			"job_id": req.JobID, "worker": req.Worker, "marker": marker, "claim": req.Claim,
 		}).Scan(&a.Status, &a.Generation, &a.FailureReason, &snapGen,
 			&cid, &cgen, &cworker, &ctype, &cqueue, &cparent, &ctenant, &ccursor, &ctotal, &cstarted, &cfirst, &maxRun, &stall)

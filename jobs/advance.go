@@ -82,7 +82,7 @@ UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
 // or a negative expectedCursor (nothing sent); ErrNotFound for a missing
 // row; otherwise a wrapped driver error or the operation's timeout.
 func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token string, expectedCursor, count int64) (AdvanceResult, error) {
-	ctx, done := s.op(ctx, "Advance")
+	ctx, done := s.core.Op(ctx, "Advance")
 	switch {
 	case token == "" || len(token) > MaxBatchTokenLength:
 		return AdvanceResult{}, done(fmt.Errorf("job %s: batch token must be 1 to %d bytes, got %d: %w",
@@ -101,7 +101,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 		total            *int64
 	)
 	err := lockedRead(func() error {
-		return tx.QueryRow(ctx, s.q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total, &firstGen)
+		return tx.QueryRow(ctx, s.core.Q(advanceLockSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &cursor, &total, &firstGen)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AdvanceResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
@@ -114,7 +114,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 	}
 
 	var rec struct{ generation, expected, count, after int64 }
-	err = tx.QueryRow(ctx, s.q(batchByTokenSQL), lease.JobID, token, firstGen).Scan(&rec.generation, &rec.expected, &rec.count, &rec.after)
+	err = tx.QueryRow(ctx, s.core.Q(batchByTokenSQL), lease.JobID, token, firstGen).Scan(&rec.generation, &rec.expected, &rec.count, &rec.after)
 	switch {
 	case err == nil && rec.expected == expectedCursor && rec.count == count:
 		return AdvanceResult{Cursor: rec.after, Replayed: true, Generation: rec.generation}, done(nil)
@@ -141,7 +141,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 	after := cursor + count
 	args := namedLease(lease, "token", token, "expected_cursor", expectedCursor, "count", count, "cursor_after", after,
 		"first_generation", firstGen)
-	tag, err := tx.Exec(ctx, s.q(recordBatchSQL), args)
+	tag, err := tx.Exec(ctx, s.core.Q(recordBatchSQL), args)
 	if err != nil {
 		return AdvanceResult{}, done(fmt.Errorf("recording batch %q of job %s: %w", token, lease.JobID, err))
 	}
@@ -150,7 +150,7 @@ func (s *Store) Advance(ctx context.Context, tx pgx.Tx, lease Lease, token strin
 		// record of this life, so a conflict can only be an earlier life's.
 		return AdvanceResult{}, done(fmt.Errorf("job %s: batch %q is recorded in this life although the lookup found none", lease.JobID, token))
 	}
-	tag, err = tx.Exec(ctx, s.q(moveCursorSQL), args)
+	tag, err = tx.Exec(ctx, s.core.Q(moveCursorSQL), args)
 	if err != nil {
 		return AdvanceResult{}, done(fmt.Errorf("moving the cursor of job %s: %w", lease.JobID, err))
 	}
@@ -183,22 +183,22 @@ UPDATE {schema}.jobs SET total = @total
 // late_result_rejected event; ErrInvalidArgument for a negative total;
 // ErrNotFound for a missing row; otherwise a wrapped driver error.
 func (s *Store) SetTotal(ctx context.Context, lease Lease, total int64) error {
-	ctx, done := s.op(ctx, "SetTotal")
+	ctx, done := s.core.Op(ctx, "SetTotal")
 	if total < 0 {
 		return done(fmt.Errorf("job %s: total must not be negative, got %d: %w", lease.JobID, total, ErrInvalidArgument))
 	}
-	tag, err := s.db.Exec(ctx, s.q(setTotalSQL), namedLease(lease, "total", total))
+	tag, err := s.core.DB().Exec(ctx, s.core.Q(setTotalSQL), namedLease(lease, "total", total))
 	if err != nil {
 		return done(err)
 	}
 	if tag.RowsAffected() == 1 {
 		return done(nil)
 	}
-	if _, err := s.refuse(ctx, s.db, "SetTotal", lease); err != nil {
+	if _, err := s.refuse(ctx, s.core.DB(), "SetTotal", lease); err != nil {
 		return done(err)
 	}
 	var cursor int64
-	if err := s.db.QueryRow(ctx, s.q(`SELECT "cursor" FROM {schema}.jobs WHERE id = $1`), lease.JobID).Scan(&cursor); err != nil {
+	if err := s.core.DB().QueryRow(ctx, s.core.Q(`SELECT "cursor" FROM {schema}.jobs WHERE id = $1`), lease.JobID).Scan(&cursor); err != nil {
 		return done(err)
 	}
 	return done(fmt.Errorf("job %s: total %d is below the cursor %d: %w", lease.JobID, total, cursor, ErrOutOfRange))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -71,12 +72,12 @@ func heldReap(t *testing.T, db *jobstest.DB, g *gate, id string) <-chan error {
 	t.Helper()
 	c, pid := conn(t, db)
 	cascadeWait := `SELECT pg_advisory_xact_lock(` + strconv.FormatInt(g.key, 10) + `)`
-	reaper := jobs.NewStore(c, jobs.WithSchema(db.Schema), jobs.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{cascadeWait}}}))
+	reaper := pgstore.New(c, pgstore.WithSchema(db.Schema), pgstore.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{cascadeWait}}}))
 	sn, err := db.Store().Get(context.Background(), id)
 	requireNoErr(t, err)
 	out := make(chan error, 1)
 	go func() {
-		reaped, _, err := reaper.Reap(context.Background(), jobs.ReapParams{
+		reaped, _, err := reaper.Reap(context.Background(), pgstore.ReapParams{
 			JobID: id, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule,
 		})
 		if err == nil && !reaped {

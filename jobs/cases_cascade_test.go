@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -79,7 +80,7 @@ func TestCase_B37_CascadeThatEndsTheTransaction(t *testing.T) {
 				StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 			sn, err := store.Get(ctx, "J37")
 			requireNoErr(t, err)
-			reaped, ev, err := store.Reap(ctx, jobs.ReapParams{JobID: "J37", Generation: sn.Generation,
+			reaped, ev, err := jobs.DaemonOf(store).Reap(ctx, pgstore.ReapParams{JobID: "J37", Generation: sn.Generation,
 				UpdatedAt: sn.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule})
 			requireIs(t, err, jobs.ErrTxEnded)
 			if reaped || ev.Generation != 0 {

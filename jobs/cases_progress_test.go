@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -14,7 +15,7 @@ import (
 // before the database's now().
 func requireIdleUnder(t *testing.T, db *jobstest.DB, id string, d time.Duration) {
 	t.Helper()
-	requireCount(t, db, 1, `SELECT count(*) FROM jobs WHERE id = $1 AND now() - updated_at < $2::interval`, id, jobs.Interval(d))
+	requireCount(t, db, 1, `SELECT count(*) FROM jobs WHERE id = $1 AND now() - updated_at < $2::interval`, id, pgcore.Interval(d))
 }
 
 func TestCase_B12_ProgressKeepsAJobPastItsLimitFromBeingReaped(t *testing.T) {
@@ -35,7 +36,7 @@ func TestCase_B12_ProgressKeepsAJobPastItsLimitFromBeingReaped(t *testing.T) {
 	for i := range 10 {
 		// Two minutes pass since the last write of any kind.
 		db.Exec(t, `UPDATE jobs SET started_at = now() - interval '180 minutes' + $2::interval,
-       updated_at = now() - interval '2 minutes' WHERE id = $1`, "J12", jobs.Interval(time.Duration(i-9)*2*time.Minute))
+       updated_at = now() - interval '2 minutes' WHERE id = $1`, "J12", pgcore.Interval(time.Duration(i-9)*2*time.Minute))
 		_, err := jobstest.Batch(ctx, store, db, lease, fmt.Sprintf("b%d", i), int64(i*10), 10)
 		requireNoErr(t, err)
 		requireIdleUnder(t, db, "J12", 5*time.Second) // every committed batch moved updated_at

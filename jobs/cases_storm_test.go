@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -218,7 +219,7 @@ func reapJ16(t *testing.T, db *jobstest.DB, store *jobs.Store, mu *sync.Mutex, a
 	sn, err := store.Get(ctx, "p1-j0")
 	if err == nil {
 		var reaped bool
-		reaped, _, err = store.Reap(ctx, jobs.ReapParams{JobID: sn.ID, Generation: sn.Generation,
+		reaped, _, err = jobs.DaemonOf(store).Reap(ctx, pgstore.ReapParams{JobID: sn.ID, Generation: sn.Generation,
 			UpdatedAt: sn.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule})
 		if err == nil && !reaped {
 			err = fmt.Errorf("J16 was not reaped")

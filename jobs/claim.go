@@ -8,6 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 const claimSQL = `
@@ -45,15 +48,15 @@ SELECT c.*, t.max_runtime, t.stall_timeout
 // a wrapped driver error when PostgreSQL failed; an error wrapping ErrBadID
 // (nothing sent) for an ID no row can have (CheckID).
 func (s *Store) Claim(ctx context.Context, jobID string, expectedGeneration int64, worker string) (Lease, error) {
-	ctx, done := s.op(ctx, "Claim")
-	if err := CheckID(jobID); err != nil {
+	ctx, done := s.core.Op(ctx, "Claim")
+	if err := idcheck.CheckID(jobID); err != nil {
 		return Lease{}, done(err)
 	}
 	var (
 		l             Lease
 		maxRun, stall pgtype.Interval
 	)
-	err := s.db.QueryRow(ctx, s.q(claimSQL), pgx.NamedArgs{
+	err := s.core.DB().QueryRow(ctx, s.core.Q(claimSQL), pgx.NamedArgs{
 		"job_id": jobID, "expected_generation": expectedGeneration, "worker": worker,
 	}).Scan(&l.JobID, &l.Generation, &l.Worker, &l.Type, &l.Queue, &l.ParentID, &l.TenantID, &l.Cursor, &l.Total, &l.StartedAt, &l.FirstGeneration,
 		&maxRun, &stall)
@@ -70,5 +73,5 @@ func leaseLimit(iv pgtype.Interval) time.Duration {
 	if !iv.Valid {
 		return 0
 	}
-	return IntervalDuration(iv)
+	return pgcore.IntervalDuration(iv)
 }

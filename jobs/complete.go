@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // TxBeginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a
@@ -52,9 +54,9 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // past PrepareCascades); otherwise a wrapped driver error or the
 // operation's timeout.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
-	ctx, done := s.op(ctx, "Complete")
-	var ca cascadeArgs
-	err := tx.QueryRow(ctx, s.q(completeSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	ctx, done := s.core.Op(ctx, "Complete")
+	var ca pgcore.CascadeArgs
+	err := tx.QueryRow(ctx, s.core.Q(completeSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.completeRefused(ctx, tx, "Complete", lease, done)
 	}
@@ -65,13 +67,13 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteR
 	if err := s.appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
 		return CompleteResult{}, done(err)
 	}
-	if err := s.cascades.runCompleted(ctx, tx, ca); err != nil {
+	if err := s.core.RunCompleted(ctx, tx, ca); err != nil {
 		return CompleteResult{}, done(err)
 	}
 	// The caller commits tx; tell it now if the cascade ended tx, before it
 	// writes its product rows outside any transaction.
-	if len(s.cascades[ca.Type].OnCompleted) > 0 {
-		if err := checkTxOpen(tx, "the on_completed cascade of type "+ca.Type); err != nil {
+	if len(s.core.Cascades()[ca.Type].OnCompleted) > 0 {
+		if err := pgcore.CheckTxOpen(tx, "the on_completed cascade of type "+ca.Type); err != nil {
 			return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, err))
 		}
 	}
@@ -80,7 +82,7 @@ func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteR
 
 // completeRefused answers a completion UPDATE that matched no row, reading
 // the row through q.
-func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, lease Lease, done func(error) error) (CompleteResult, error) {
+func (s *Store) completeRefused(ctx context.Context, q pgcore.RowQuerier, op string, lease Lease, done func(error) error) (CompleteResult, error) {
 	st, err := s.readState(ctx, q, lease.JobID)
 	if err != nil {
 		return CompleteResult{}, done(err)
@@ -136,20 +138,20 @@ func (s *Store) completeRefused(ctx context.Context, q rowQuerier, op string, le
 // CompleteWith, and a committed completion answers Replayed.
 func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) (CompleteResult, error) {
 	if db == nil {
-		db = s.db
+		db = s.core.DB()
 	}
 	var (
 		tx  pgx.Tx
 		res CompleteResult
 	)
 	err := s.retryFinal(ctx, func(ctx context.Context, _ bool) error {
-		t, err := s.begin(ctx, db, "CompleteWith")
+		t, err := s.core.Begin(ctx, db, "CompleteWith")
 		if err != nil {
 			return err
 		}
 		r, err := s.Complete(ctx, t, lease)
 		if err != nil {
-			s.rollback(ctx, t)
+			s.core.Rollback(ctx, t)
 			return fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
 		}
 		tx, res = t, r
@@ -158,7 +160,7 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 	if err != nil {
 		return CompleteResult{}, err
 	}
-	defer s.rollback(ctx, tx)
+	defer s.core.Rollback(ctx, tx)
 	if res.Replayed {
 		return res, nil
 	}
@@ -167,10 +169,10 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 			return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: completion writes of job %s failed; rolled back, nothing written, the job stays PROCESSING: %w", lease.JobID, err)
 		}
 	}
-	if err := checkTxOpen(tx, "the completion's cascade or function"); err != nil {
+	if err := pgcore.CheckTxOpen(tx, "the completion's cascade or function"); err != nil {
 		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: job %s: %w", lease.JobID, err)
 	}
-	if err := s.commit(ctx, tx); err != nil {
+	if err := s.core.Commit(ctx, tx); err != nil {
 		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: completing job %s: %w", lease.JobID, err)
 	}
 	return CompleteResult{Confirmed: true}, nil
@@ -192,10 +194,10 @@ SELECT status, generation, coalesce(failure_reason, '') FROM {schema}.jobs WHERE
 // still PROCESSING at this generation; ErrNotFound for a missing row;
 // otherwise a wrapped driver error.
 func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) error {
-	ctx, done := s.op(ctx, "CheckCompleted")
+	ctx, done := s.core.Op(ctx, "CheckCompleted")
 	var st jobState
 	err := lockedRead(func() error {
-		return tx.QueryRow(ctx, s.q(checkCompletedSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
+		return tx.QueryRow(ctx, s.core.Q(checkCompletedSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
@@ -228,23 +230,23 @@ func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) erro
 // ErrCommitUnknown.
 func (s *Store) AfterCompleted(ctx context.Context, db TxBeginner, lease Lease, fn func(pgx.Tx) error) error {
 	if db == nil {
-		db = s.db
+		db = s.core.DB()
 	}
-	tx, err := s.begin(ctx, db, "AfterCompleted")
+	tx, err := s.core.Begin(ctx, db, "AfterCompleted")
 	if err != nil {
 		return err
 	}
-	defer s.rollback(ctx, tx)
+	defer s.core.Rollback(ctx, tx)
 	if err := s.CheckCompleted(ctx, tx, lease); err != nil {
 		return fmt.Errorf("jobs.AfterCompleted: job %s: rolled back, fn not called: %w", lease.JobID, err)
 	}
 	if err := fn(tx); err != nil {
 		return fmt.Errorf("jobs.AfterCompleted: writes after the completion of job %s failed; rolled back, nothing written: %w", lease.JobID, err)
 	}
-	if err := checkTxOpen(tx, "AfterCompleted's function"); err != nil {
+	if err := pgcore.CheckTxOpen(tx, "AfterCompleted's function"); err != nil {
 		return fmt.Errorf("jobs.AfterCompleted: job %s: %w", lease.JobID, err)
 	}
-	if err := s.commit(ctx, tx); err != nil {
+	if err := s.core.Commit(ctx, tx); err != nil {
 		return fmt.Errorf("jobs.AfterCompleted: job %s: %w", lease.JobID, err)
 	}
 	return nil

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // ErrSchemaConflict is returned by Migrate when the target schema already
@@ -71,7 +73,7 @@ func migrationObjects() ([]migrationObject, error) {
 // objects, when schema holds objects that a migration not yet applied
 // would create. It writes nothing. A schema that does not exist has no
 // conflicts.
-func checkConflicts(ctx context.Context, q rowQuerier, schema string) error {
+func checkConflicts(ctx context.Context, q pgcore.RowQuerier, schema string) error {
 	objects, err := migrationObjects()
 	if err != nil {
 		return err

@@ -1,22 +1,27 @@
-// Package jobs is the PostgreSQL side of jobreaper: the schema and its
-// migrations, the claim that starts an attempt, the batched read the reaper
-// decides on, and the reap, a compare-and-set that re-checks the stall rule
-// in SQL on the database clock.
+// Package jobs is the PostgreSQL side of jobreaper's worker library, for the
+// asynq workers and producers whose jobs jobreaper keeps honest: Connect and
+// Migrate, and a Store over jobreaper's tables with the calls a worker makes.
 //
-// It is also the worker library that asynq handlers link in: Heartbeater
-// (rate-limited liveness that moves updated_at only when a progress mark
-// advanced), Store.Advance and Store.SetTotal (resumable progress whose
-// batch tokens replay), Store.Complete and Store.CompleteWith (completion as
-// the first write of the transaction that writes its product rows),
-// Store.CheckCompleted and Store.AfterCompleted (writes that follow a
-// confirmed completion), Store.Fail, Store.Release and Store.AutoComplete
-// (the writes the start guard's outcome mapping needs), and the per-type
-// cascades that run inside the transaction that changed a job.
+// The start guard (package queue) claims a job and puts the attempt's Lease
+// into the handler's context (LeaseFromContext). The handler reports
+// liveness through a Heartbeater (rate-limited, moving updated_at only when
+// a progress mark advanced) and resumable progress through Store.Advance and
+// Store.SetTotal (batch tokens replay); it completes with Store.Complete or
+// Store.CompleteWith (completion as the first write of the transaction that
+// writes its product rows), writes what must follow a confirmed completion
+// with Store.CheckCompleted or Store.AfterCompleted, and fails with
+// Store.Fail. The guard's outcome mapping uses Store.Release and
+// Store.AutoComplete; a producer's queue.Enqueue reads the row with
+// Store.Get. The per-type cascades (WithCascades) run inside the
+// transaction that changes a job.
 //
 // Every write that belongs to an attempt is fenced by the attempt's
 // generation: its WHERE names status PROCESSING and the generation the claim
 // returned, so a superseded or reaped attempt changes 0 rows, gets
 // ErrStaleWorker or ErrJobTerminal, and leaves a late_result_rejected event.
 //
-// The package imports neither queue nor reaper; both depend on it.
+// The daemon's and the operator commands' statements (loading rows,
+// reaping, markers, the leader lease, holds, inspect, requeue, cancel,
+// prune) are internal to jobreaper. The package imports neither queue nor
+// reaper; both depend on it.
 package jobs

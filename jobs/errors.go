@@ -1,13 +1,15 @@
 package jobs
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+)
 
 // Sentinel errors of this package. Callers test them with errors.Is; the
 // returned errors wrap them with the operation and job ID.
 var (
-	// ErrNotFound: no job row with that ID exists.
-	ErrNotFound = errors.New("job not found")
-
 	// ErrUnknownType: no job_types row names the job's type. The reaper
 	// skips such a job as unknown_type on every pass, so queue.Enqueue
 	// refuses to enqueue it: register the type (INSERT INTO job_types)
@@ -21,10 +23,6 @@ var (
 	// ErrStaleWorker: a fenced write named a generation that is no longer the
 	// job's: a newer attempt claimed it. Code "stale_worker".
 	ErrStaleWorker = errors.New("stale worker: the job was claimed by a newer attempt")
-
-	// ErrJobTerminal: a fenced write found the job COMPLETED or FAILED (for
-	// example reaped). Code "job_terminal".
-	ErrJobTerminal = errors.New("job is terminal: it was completed, failed or reaped")
 
 	// ErrTokenConflict: a batch token was recorded before with another
 	// expected cursor or count. Code "token_conflict".
@@ -53,22 +51,47 @@ var (
 	// ReasonNoCompletion.
 	ErrNotAutoComplete = errors.New("job type is not auto-complete: the handler returned without a confirmed Complete")
 
+	// ErrNotFound: no job row with that ID exists.
+	ErrNotFound = pgcore.ErrNotFound
+
+	// ErrJobTerminal: a fenced write found the job COMPLETED or FAILED (for
+	// example reaped). Code "job_terminal".
+	ErrJobTerminal = pgcore.ErrJobTerminal
+
 	// ErrCommitUnknown: jobreaper sent a transaction's COMMIT and no answer
 	// came back (a timeout, a broken connection), so the transaction may or
 	// may not have committed. Retry: a committed CompleteWith answers
 	// Replayed, and fenced writes refuse what already happened.
-	ErrCommitUnknown = errors.New("commit outcome unknown")
+	ErrCommitUnknown = pgcore.ErrCommitUnknown
 
 	// ErrInvalidArgument: a caller passed a value the operation never
 	// accepts (an empty batch token, a count below 1, a failure code that is
 	// not a short snake_case identifier); nothing was sent to PostgreSQL.
-	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidArgument = pgcore.ErrInvalidArgument
 
 	// ErrBadCascade: a cascade statement is empty, uses a named argument
 	// other than @job_id, @parent_id, @tenant_id and @type, or does not
 	// prepare against the database. The error names the type, the hook and
 	// the statement number.
-	ErrBadCascade = errors.New("bad cascade statement")
+	ErrBadCascade = pgcore.ErrBadCascade
+
+	// ErrTxEnded: a statement run inside one of jobreaper's transactions
+	// (an operator's cascade with COMMIT or ROLLBACK, or a caller's
+	// function given to CompleteWith or AfterCompleted) ended that
+	// transaction before jobreaper's COMMIT. What ran before it was
+	// committed or rolled back by that statement and what ran after it ran
+	// outside any transaction, so the operation is not reported as done:
+	// its UPDATE, its event and its cascade did not commit together. It
+	// also stands for a transaction left failed by a statement whose error
+	// was not returned. PrepareCascades refuses cascade statements that
+	// control transactions at start; this error is the backstop for one
+	// that slipped through.
+	ErrTxEnded = pgcore.ErrTxEnded
+
+	// ErrBadID: a job ID that PostgreSQL cannot store in a text column (a
+	// NUL byte, bytes that are not valid UTF-8), an empty one, or one
+	// longer than MaxIDLength (see CheckID). Nothing was sent.
+	ErrBadID = idcheck.ErrBadID
 )
 
 // ErrorCode returns the stable code of a fencing or progress error, for

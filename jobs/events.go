@@ -7,10 +7,12 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
-// Kinds of job_events rows written by the worker library. The claim writes
-// "claimed" and the reap writes "reaped".
+// Kinds of job_events rows. The claim writes "claimed" and the reap writes
+// "reaped"; the others are below.
 const (
 	// EventLateResultRejected records a fenced write that changed nothing
 	// because the attempt was superseded (stale_worker) or the job had
@@ -27,6 +29,15 @@ const (
 	// EventReleased is written by Release when an attempt hands its job
 	// back to the queue for asynq's retry.
 	EventReleased = "released"
+	// EventCancelled is written by an operator's `jobreaper cancel`, in the
+	// transaction that failed the job (ReasonCancelled); its detail holds
+	// the operator's reason, the status the job was cancelled from and
+	// who ran the command.
+	EventCancelled = "cancelled"
+	// EventRequeued is written by an operator's `jobreaper requeue`, in
+	// the transaction that put the job back to QUEUED with its generation
+	// raised; its detail holds the operator's reason and what was found.
+	EventRequeued = "requeued"
 )
 
 // LateResultDetail is the detail of a late_result_rejected event.
@@ -55,11 +66,6 @@ type jobState struct {
 	FailureReason string
 }
 
-// rowQuerier is what reading a job's state needs: DB and pgx.Tx both have it.
-type rowQuerier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // lockedRead runs read, a statement that locks a job row by ID, and runs it
 // once more when it found no row. A row deleted while the statement waited
 // for its lock may have been replaced in the same transaction by a new
@@ -81,9 +87,9 @@ const readStateSQL = `SELECT status, generation, coalesce(failure_reason, '') FR
 
 // readState reads job id's state through q; it returns an error wrapping
 // ErrNotFound when the row is missing.
-func (s *Store) readState(ctx context.Context, q rowQuerier, id string) (jobState, error) {
+func (s *Store) readState(ctx context.Context, q pgcore.RowQuerier, id string) (jobState, error) {
 	var st jobState
-	err := q.QueryRow(ctx, s.q(readStateSQL), id).Scan(&st.Status, &st.Generation, &st.FailureReason)
+	err := q.QueryRow(ctx, s.core.Q(readStateSQL), id).Scan(&st.Status, &st.Generation, &st.FailureReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return st, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -120,7 +126,7 @@ func fenceError(lease Lease, st jobState) error {
 // late_result_rejected event and returns the typed error. It returns
 // (nil, st) when the row is PROCESSING at the lease's generation, which
 // callers treat case by case (a heartbeat whose mark did not advance).
-func (s *Store) refuse(ctx context.Context, q rowQuerier, op string, lease Lease) (jobState, error) {
+func (s *Store) refuse(ctx context.Context, q pgcore.RowQuerier, op string, lease Lease) (jobState, error) {
 	st, err := s.readState(ctx, q, lease.JobID)
 	if err != nil {
 		return st, err
@@ -154,8 +160,8 @@ func (s *Store) rejectLate(ctx context.Context, op string, lease Lease, st jobSt
 		Code:                 ErrorCode(refusal),
 	})
 	if err == nil {
-		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opTimeout)
-		_, err = s.events.Exec(ectx, s.q(lateResultSQL), lease.JobID, lease.Generation, lease.Worker, jsonText(detail))
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.core.OpTimeout())
+		_, err = s.events.Exec(ectx, s.core.Q(lateResultSQL), lease.JobID, lease.Generation, lease.Worker, pgcore.JSONText(detail))
 		cancel()
 	}
 	if err != nil {
@@ -164,26 +170,11 @@ func (s *Store) rejectLate(ctx context.Context, op string, lease Lease, st jobSt
 	return refusal
 }
 
-const appendEventSQL = `
-INSERT INTO {schema}.job_events (job_id, kind, generation, worker, detail)
-VALUES ($1, $2, $3, nullif($4, ''), coalesce($5::jsonb, '{}'))`
-
 // appendEvent writes an event of kind for lease in tx, the transaction that
 // changed the job, so that the event commits with the change or not at all.
 func (s *Store) appendEvent(ctx context.Context, tx pgx.Tx, kind string, lease Lease, detail []byte) error {
-	var d any
-	if detail != nil {
-		d = jsonText(detail)
-	}
-	_, err := tx.Exec(ctx, s.q(appendEventSQL), lease.JobID, kind, lease.Generation, lease.Worker, d)
-	return err
+	return s.core.AppendEvent(ctx, tx, lease.JobID, kind, lease.Generation, lease.Worker, detail)
 }
-
-// jsonText passes a JSON document as text. A []byte argument would be sent
-// as bytea under default_query_exec_mode=exec (the mode pooled URLs use,
-// which infers types from Go values), and PostgreSQL would refuse it as
-// jsonb.
-func jsonText(doc []byte) string { return string(doc) }
 
 // namedLease returns the named arguments @job_id and @generation of lease,
 // plus the extra name/value pairs kv.

@@ -6,18 +6,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
-// SetBeforeReapCommit makes s call f in each of its reap transactions
-// after the leader lease check, just before COMMIT: where a leader paused
-// by the operating system or the runtime would stop.
-func SetBeforeReapCommit(s *Store, f func()) { s.beforeReapCommit = f }
-
-// LeaderIdleBoundSQL exposes the reap transaction's idle bound statement.
-const LeaderIdleBoundSQL = leaderIdleBoundSQL
-
-// CheckTxOpen exposes checkTxOpen to the external tests.
-var CheckTxOpen = checkTxOpen
+// DaemonOf returns the daemon's store over s's Core (same handle, schema,
+// timeout and cascades), for the worker's tests that reap what they
+// claimed, as the reaper would.
+func DaemonOf(s *Store) *pgstore.Store { return pgstore.FromCore(s.core) }
 
 // LatestVersion exposes latestVersion, the highest embedded migration.
 var LatestVersion = latestVersion
@@ -38,23 +34,9 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, schema string, version
 	return err
 }
 
-// The statements whose plans TestPlansHoldOnStaleStatistics checks.
-const (
-	LoadSQL           = loadSQL
-	ReapBatchSQL      = reapBatchSQL
-	ReapLockSQL       = reapLockSQL
-	MarkersSetSQL     = markersSetSQL
-	MarkersFailedSQL  = markersFailedSQL
-	LostCandidatesSQL = lostCandidatesSQL
-	ReadStateSQL      = readStateSQL
-	PinPlansSQL       = pinPlansSQL
-)
-
-// Args exposes the stall rule's named arguments.
-func (r StallRule) Args() map[string]any { return r.args() }
-
-// Q exposes q: sql with {schema} rendered as the Store's schema.
-func (s *Store) Q(sql string) string { return s.q(sql) }
+// Q exposes the Store's Core.Q: sql with {schema} rendered as the Store's
+// schema.
+func (s *Store) Q(sql string) string { return s.core.Q(sql) }
 
 // The worker's statements by ID whose plans TestWorkerPlansHoldOnStaleStatistics checks.
 const (
@@ -69,21 +51,5 @@ const (
 	AdvanceLockSQL    = advanceLockSQL
 	MoveCursorSQL     = moveCursorSQL
 	SetTotalSQL       = setTotalSQL
-	RequeueSQL        = requeueSQL
+	ReadStateSQL      = readStateSQL
 )
-
-// The reconciliation's statements whose plans TestReconcilePlansUseTheirIndexes checks.
-const (
-	ReapedSQL           = reapedSQL
-	ReapedCountSQL      = reapedCountSQL
-	StaleQueuedSQL      = staleQueuedSQL
-	ProcessingQueuesSQL = processingQueuesSQL
-	NoQueueSQL          = noQueueSQL
-)
-
-// Pending exposes whether w saw connection-level failures that no
-// PassClock recorded yet.
-func (w *ConnWatch) Pending() bool {
-	_, _, ok := w.pending()
-	return ok
-}

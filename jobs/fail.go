@@ -8,6 +8,24 @@ import (
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+)
+
+// Failure reasons that jobreaper itself writes: fixed codes stored in
+// jobs.failure_reason, never error text. CheckFailureCode refuses the
+// first three to a worker's Fail, so that each always means what it says.
+const (
+	// ReasonStalled: reaped because runtime exceeded the type's max_runtime
+	// and the job made no progress for the stall timeout.
+	ReasonStalled = "stalled"
+	// ReasonLostTask: reaped because asynq will never run the job's task
+	// again (archived, completed or gone) while the row said PROCESSING.
+	ReasonLostTask = "lost_task"
+	// ReasonCancelled: an operator cancelled the job (`jobreaper cancel`).
+	// Like the reaper's codes it is reserved, and the marker repair
+	// re-sets a cancelled job's marker like a reaped one's.
+	ReasonCancelled = "cancelled"
 )
 
 // ReasonNoCompletion is the failure code of a job whose handler returned
@@ -29,7 +47,7 @@ var failureCodePattern = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
 // breaks grouping and metrics, and may carry URLs or secrets; it belongs in
 // the log. The reaper's codes, stalled and lost_task, are refused too: the
 // start guard and marker repair read them as a reap; so is cancelled, which
-// only an operator's Cancel writes. The error wraps
+// only an operator's `jobreaper cancel` writes. The error wraps
 // ErrInvalidArgument and, for the same reason, does not quote a refused
 // error text.
 func CheckFailureCode(code string) error {
@@ -87,11 +105,11 @@ func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
 
 // failOnce is one try of Fail.
 func (s *Store) failOnce(ctx context.Context, lease Lease, code string, maybeDone bool) error {
-	ctx, done := s.op(ctx, "Fail")
+	ctx, done := s.core.Op(ctx, "Fail")
 	matched := false
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var ca cascadeArgs
-		err := tx.QueryRow(ctx, s.q(failSQL), namedLease(lease, "code", code)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
+		var ca pgcore.CascadeArgs
+		err := tx.QueryRow(ctx, s.core.Q(failSQL), namedLease(lease, "code", code)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -107,7 +125,7 @@ func (s *Store) failOnce(ctx context.Context, lease Lease, code string, maybeDon
 			return err
 		}
 		ca.JobID = lease.JobID
-		return s.cascades.runFailed(ctx, tx, ca)
+		return s.core.RunFailed(ctx, tx, ca)
 	})
 	if err != nil || matched {
 		return done(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -82,7 +83,7 @@ VALUES ($1, $2, $3, 1, 'q', nullif($4, ''), nullif($5, ''), now() - interval '31
 	}
 	switch hook {
 	case "reap":
-		reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: 1, UpdatedAt: readUpdatedAt(t, tx, id),
+		reaped, _, err := jobs.DaemonOf(store).Reap(ctx, pgstore.ReapParams{JobID: id, Generation: 1, UpdatedAt: readUpdatedAt(t, tx, id),
 			Reason: jobs.ReasonStalled, Rule: rule})
 		if err != nil || !reaped {
 			t.Fatalf("reaping %q: reaped %v, %v", id, reaped, err)

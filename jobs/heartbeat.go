@@ -254,13 +254,13 @@ SELECT EXISTS (SELECT 1 FROM beat), status, generation, failure_reason FROM cur`
 // heartbeat is the fenced heartbeat write, unthrottled: only Heartbeater
 // calls it.
 func (s *Store) heartbeat(ctx context.Context, lease Lease, progress int64) (bool, error) {
-	ctx, done := s.op(ctx, "Heartbeat")
+	ctx, done := s.core.Op(ctx, "Heartbeat")
 	var (
 		written bool
 		st      jobState
 	)
 	err := lockedRead(func() error {
-		return s.db.QueryRow(ctx, s.q(heartbeatSQL), namedLease(lease, "progress", progress)).
+		return s.core.DB().QueryRow(ctx, s.core.Q(heartbeatSQL), namedLease(lease, "progress", progress)).
 			Scan(&written, &st.Status, &st.Generation, &st.FailureReason)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

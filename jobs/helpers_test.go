@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -16,7 +18,7 @@ import (
 // rule is the daemon-wide part of the stall rule in the CASES baseline:
 // stall timeout 15 min, minimum 11 min (2 x 5-min heartbeat + 1-min scan),
 // hard timeout 24 h.
-var rule = jobs.StallRule{
+var rule = pgstore.StallRule{
 	DefaultStallTimeout: 15 * time.Minute,
 	MinStallTimeout:     11 * time.Minute,
 	DefaultHardTimeout:  24 * time.Hour,
@@ -66,7 +68,7 @@ func queued(t *testing.T, db *jobstest.DB, store *jobs.Store, j jobstest.Job, wo
 func backdate(t *testing.T, db *jobstest.DB, id string, startedAgo, idleAgo time.Duration) {
 	t.Helper()
 	db.Exec(t, `UPDATE jobs SET started_at = now() - $2::interval, updated_at = now() - $3::interval WHERE id = $1`,
-		id, jobs.Interval(startedAgo), jobs.Interval(idleAgo))
+		id, pgcore.Interval(startedAgo), pgcore.Interval(idleAgo))
 }
 
 // reap does what the reaper does for one job: read the row, then reap with
@@ -77,7 +79,7 @@ func reap(t *testing.T, store *jobs.Store, id string) bool {
 	if err != nil {
 		t.Fatalf("reading %s: %v", id, err)
 	}
-	reaped, _, err := store.Reap(context.Background(), jobs.ReapParams{
+	reaped, _, err := jobs.DaemonOf(store).Reap(context.Background(), pgstore.ReapParams{
 		JobID: id, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule,
 	})
 	if err != nil {
@@ -190,3 +192,9 @@ func inTx(t *testing.T, db *jobstest.DB, fn func(tx pgx.Tx) error) error {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// checkMigrated is the start check of schema on pool, as the daemon and a
+// worker make it (Store.CheckSchema).
+func checkMigrated(ctx context.Context, pool jobs.DB, schema string) error {
+	return jobs.NewStore(pool, jobs.WithSchema(schema)).CheckSchema(ctx)
+}

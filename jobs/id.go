@@ -1,100 +1,28 @@
 package jobs
 
-import (
-	"errors"
-	"fmt"
-	"strings"
-	"unicode/utf8"
-)
+import "github.com/jobreaper/jobreaper/internal/idcheck"
 
-// MaxIDLength bounds a job ID (bytes). The ID is the primary key of jobs
-// and, with a batch token of up to MaxBatchTokenLength bytes, of
+// MaxIDLength bounds a job ID: 1,024 bytes. The ID is the primary key of
+// jobs and, with a batch token of up to MaxBatchTokenLength bytes, of
 // job_batches; a PostgreSQL B-tree entry must fit in a third of an 8 kB
 // page (2,704 bytes for B-tree version 4, "index row size exceeds btree
 // maximum"), so an uncompressible ID much over 2 kB fails to insert at
 // all. 1,024 bytes leaves room for the token and the tuple headers, and is
 // far above any ID a product makes (a UUID is 36 bytes). The limit is
-// enforced here, in code, not by a CHECK on the table: a CHECK would fail a
+// enforced in code, not by a CHECK on the table: a CHECK would fail a
 // migration on a database that already holds a longer ID, and jobreaper
 // never inserts job rows itself.
 const MaxIDLength = 1024
-
-// ErrBadID: a job ID that PostgreSQL cannot store in a text column (a NUL
-// byte, bytes that are not valid UTF-8), or one longer than MaxIDLength.
-// asynq accepts any string as a task ID, so another producer sharing the
-// Redis can enqueue such a task; jobreaper counts and skips it instead of
-// sending it to PostgreSQL, where it would fail the whole statement.
-var ErrBadID = errors.New("job ID cannot be stored by PostgreSQL")
 
 // CheckID reports whether id can be a job ID: not empty, valid UTF-8 (the
 // encoding of a text column in a UTF8 database, which rejects anything else
 // with "invalid byte sequence"), without a NUL byte (which no PostgreSQL
 // text value can hold, whatever the encoding), and at most MaxIDLength
-// bytes. It sends nothing anywhere.
+// bytes. It sends nothing anywhere. asynq accepts any string as a task ID,
+// so another producer sharing the Redis can enqueue a task whose ID no row
+// can have; the start guard refuses it for good.
 //
 // The error wraps ErrBadID and says which rule failed; it shows the ID
 // escaped (%q), so a log line carrying it stays one readable line. An ID
 // over the length limit is shown by its first 64 bytes only.
-func CheckID(id string) error {
-	if id == "" {
-		return fmt.Errorf("job ID is empty: %w", ErrBadID)
-	}
-	return checkText("job ID", id, ErrBadID)
-}
-
-// ErrBadName: a name read from Redis or PostgreSQL (a queue name, a job
-// type) that PostgreSQL text cannot hold (a NUL byte, bytes that are not
-// valid UTF-8) or that is longer than MaxIDLength. Such a name can be
-// neither a SQL parameter nor a Prometheus label value (the client library
-// panics on invalid UTF-8).
-var ErrBadName = errors.New("name cannot be a PostgreSQL text value or a metric label")
-
-// CheckName applies CheckID's rules, except that an empty name is
-// allowed, to a name that comes from outside jobreaper: valid UTF-8, no
-// NUL byte, at most MaxIDLength bytes (far above any queue or type name;
-// a longer one would make every log line and label carrying it huge).
-// what names the kind of name for the message ("queue name", "job type").
-// Another client sharing the Redis can put any bytes into asynq:queues,
-// so the daemon checks every such name before it sends it to PostgreSQL
-// or uses it as a label. It sends nothing anywhere.
-//
-// The error wraps ErrBadName and says which rule failed, the name escaped
-// as CheckID shows an ID.
-func CheckName(what, name string) error {
-	return checkText(what, name, ErrBadName)
-}
-
-// checkText is the rule CheckID and CheckName share: at most MaxIDLength
-// bytes, no NUL byte, valid UTF-8. The error names what, shows s escaped
-// and wraps kind.
-func checkText(what, s string, kind error) error {
-	switch {
-	case len(s) > MaxIDLength:
-		return fmt.Errorf("%s %q... is %d bytes, over the limit of %d: %w", what, truncate(s, 64), len(s), MaxIDLength, kind)
-	case strings.IndexByte(s, 0) >= 0:
-		return fmt.Errorf("%s %q contains a NUL byte, which PostgreSQL text cannot hold: %w", what, s, kind)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%s %q is not valid UTF-8: %w", what, s, kind)
-	}
-	return nil
-}
-
-// QuoteID returns id escaped as a Go string literal (%q), cut to its first
-// 64 bytes with its length added when longer, for log lines about task IDs
-// (or any name read from Redis) that may hold control bytes, invalid UTF-8
-// or megabytes.
-func QuoteID(id string) string {
-	const shown = 64
-	if len(id) > shown {
-		return fmt.Sprintf("%q...(%d bytes)", truncate(id, shown), len(id))
-	}
-	return fmt.Sprintf("%q", id)
-}
-
-// truncate returns at most n bytes of s.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
+func CheckID(id string) error { return idcheck.CheckID(id) }

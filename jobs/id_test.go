@@ -40,37 +40,6 @@ func TestCheckID(t *testing.T) {
 	}
 }
 
-// CheckName holds names from outside (queue names, job types) to CheckID's
-// rules, except that an empty name is a name.
-func TestCheckName(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name, value string
-		bad         string
-	}{
-		{"Plain", "reports", ""},
-		{"Empty", "", ""},
-		{"Unicode", "rapport-été", ""},
-		{"AtTheLimit", strings.Repeat("q", jobs.MaxIDLength), ""},
-		{"NulByte", "tenant\x00eu", `queue name "tenant\x00eu" contains a NUL byte`},
-		{"InvalidUTF8", "bad\xffqueue", `queue name "bad\xffqueue" is not valid UTF-8`},
-		{"OverTheLimit", strings.Repeat("q", jobs.MaxIDLength+1), "is 1025 bytes, over the limit of 1024"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			err := jobs.CheckName("queue name", tc.value)
-			if tc.bad == "" {
-				requireNoErr(t, err)
-				return
-			}
-			requireIs(t, err, jobs.ErrBadName)
-			if !strings.Contains(err.Error(), tc.bad) {
-				t.Fatalf("error %q lacks %q", err, tc.bad)
-			}
-		})
-	}
-}
-
 // TestCheckIDMatchesPostgreSQL shows the rule is PostgreSQL's: what CheckID
 // refuses for bytes fails to insert, what it accepts inserts. The length
 // limit is jobreaper's own, below the B-tree entry limit (an ID a little
@@ -102,19 +71,5 @@ func TestCheckIDMatchesPostgreSQL(t *testing.T) {
 	requireIs(t, jobs.CheckID(long), jobs.ErrBadID)
 	if err := insert(long); err == nil || !strings.Contains(err.Error(), "index row") {
 		t.Fatalf("inserting an ID of %d random bytes: %v, want PostgreSQL's index row size error", len(long), err)
-	}
-}
-
-func TestQuoteID(t *testing.T) {
-	t.Parallel()
-	for id, want := range map[string]string{
-		"J1":                    `"J1"`,
-		"odd\x00id":             `"odd\x00id"`,
-		"bad\xff":               `"bad\xff"`,
-		strings.Repeat("a", 70): `"` + strings.Repeat("a", 64) + `"...(70 bytes)`,
-	} {
-		if got := jobs.QuoteID(id); got != want {
-			t.Errorf("QuoteID(%q) = %s, want %s", id, got, want)
-		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -24,7 +25,7 @@ func TestIntervalDuration(t *testing.T) {
 		{"NegativeHugeSaturates", pgtype.Interval{Months: -500 * 12}, -jobs.MaxDuration},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := jobs.IntervalDuration(tc.iv); got != tc.want {
+			if got := pgcore.IntervalDuration(tc.iv); got != tc.want {
 				t.Fatalf("IntervalDuration(%+v) = %v, want %v", tc.iv, got, tc.want)
 			}
 		})

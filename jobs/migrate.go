@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
+
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 )
 
 //go:embed migrations/*.sql
@@ -47,7 +49,7 @@ var migrationFiles embed.FS
 // error wrapping the driver's when PostgreSQL cannot be reached or a
 // migration fails.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, error) {
-	if !ValidSchema(schema) {
+	if !idcheck.ValidSchema(schema) {
 		return nil, fmt.Errorf("jobs.Migrate: schema %q: %w", schema, ErrBadSchema)
 	}
 	// The lock transaction stays open (holding its server connection, even
@@ -201,27 +203,10 @@ func splitMigration(text string) (up, down string, err error) {
 	return up, down, nil
 }
 
-// ErrNotMigrated is returned by CheckMigrated and Store.CheckSchema when
+// ErrNotMigrated is returned by Store.CheckSchema when
 // the schema lacks jobreaper's tables or migrations this binary ships: run
 // Migrate (jobreaper migrate --schema <name>) first.
 var ErrNotMigrated = errors.New("schema is not migrated to this version of jobreaper")
-
-// CheckMigrated returns nil when schema has jobreaper's tables and every
-// migration this binary ships; an error wrapping ErrNotMigrated that names
-// the schema, the missing tables or versions, and the command to run when
-// it does not; ErrBadSchema for a malformed name; and a wrapped driver
-// error when PostgreSQL fails. It writes nothing and names every table
-// with its schema, so it answers the same behind a transaction-mode pooler
-// (where every connection reports public as its current schema): the
-// daemon calls it at start so that a wrong --schema or a forgotten
-// migration stops it there instead of failing every pass. Store.CheckSchema
-// is the same check for the worker side.
-func CheckMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if err := checkSchema(ctx, pool, schema); err != nil {
-		return fmt.Errorf("jobs.CheckMigrated: %w", err)
-	}
-	return nil
-}
 
 // privilegeHint says, for PostgreSQL's insufficient_privilege (42501), that
 // migrations need a role that may create objects: the role that owns

@@ -22,7 +22,7 @@ func TestCheckMigrated(t *testing.T) {
 	t.Run("MigratedSchemaPasses", func(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
-		if err := jobs.CheckMigrated(ctx, db.Pool, db.Schema); err != nil {
+		if err := checkMigrated(ctx, db.Pool, db.Schema); err != nil {
 			t.Fatal(err)
 		}
 		applied, err := jobs.Migrate(ctx, db.Pool, db.Schema)
@@ -37,7 +37,7 @@ func TestCheckMigrated(t *testing.T) {
 		empty := db.Schema + "_empty"
 		db.Exec(t, "CREATE SCHEMA "+pgx.Identifier{empty}.Sanitize())
 		t.Cleanup(func() { db.Exec(t, "DROP SCHEMA "+pgx.Identifier{empty}.Sanitize()+" CASCADE") })
-		err := jobs.CheckMigrated(ctx, db.Pool, empty)
+		err := checkMigrated(ctx, db.Pool, empty)
 		if !errors.Is(err, jobs.ErrNotMigrated) || !strings.Contains(err.Error(), "has no jobreaper tables") {
 			t.Fatalf("err = %v, want ErrNotMigrated saying the schema has no tables", err)
 		}
@@ -47,7 +47,7 @@ func TestCheckMigrated(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
 		db.Exec(t, `DELETE FROM jobreaper_schema_version WHERE version_id = (SELECT max(version_id) FROM jobreaper_schema_version)`)
-		err := jobs.CheckMigrated(ctx, db.Pool, db.Schema)
+		err := checkMigrated(ctx, db.Pool, db.Schema)
 		if !errors.Is(err, jobs.ErrNotMigrated) || !strings.Contains(err.Error(), "this binary needs") {
 			t.Fatalf("err = %v, want ErrNotMigrated naming the versions", err)
 		}
@@ -137,7 +137,7 @@ func TestMigrateIgnoresTheConnectionsSearchPath(t *testing.T) {
 			t.Errorf("table %s: in %s = %v (want true), in public = %v (want false)", table, schema, inSchema, inPublic)
 		}
 	}
-	if err := jobs.CheckMigrated(ctx, pool, schema); err != nil {
+	if err := checkMigrated(ctx, pool, schema); err != nil {
 		t.Fatalf("CheckMigrated after Migrate: %v", err)
 	}
 	again, err := jobs.Migrate(ctx, pool, schema)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,101 +15,38 @@ import (
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
-// pooledSchema is the case's --schema: not public.
-const pooledSchema = "jobreaper"
-
-// pooledSetup is a database of the test's own with jobreaper migrated into
-// pooledSchema and, as decoys, into public (the same tables, so that a
-// statement falling back to search_path would run without an error and
-// leave its rows there), plus a PgBouncer in front of it.
-type pooledSetup struct {
-	name   string
-	direct *pgxpool.Pool
-	pgb    *jobstest.PgBouncer
-}
-
-func setupPooled(t *testing.T, opts jobstest.PgBouncerOptions) *pooledSetup {
-	t.Helper()
-	ctx := context.Background()
-	name, directURL := jobstest.NewDatabase(t)
-	direct, err := pgxpool.New(ctx, directURL)
-	requireNoErr(t, err)
-	t.Cleanup(direct.Close)
-	for _, schema := range []string{"public", pooledSchema} {
-		if _, err := jobs.Migrate(ctx, direct, schema); err != nil {
-			t.Fatalf("migrating %s: %v", schema, err)
-		}
-	}
-	// The pooler is stopped before the database is dropped (cleanups run
-	// last registered first).
-	return &pooledSetup{name: name, direct: direct, pgb: jobstest.StartPgBouncer(t, opts)}
-}
-
-// connect opens a pool through the pooler as a worker would: the URL
-// setting docs/schema.md documents for pooled URLs, and a search_path the
-// pooler ignores.
-func (s *pooledSetup) connect(t *testing.T, maxConns int) *pgxpool.Pool {
-	t.Helper()
-	pool, err := jobs.Connect(context.Background(), s.pgb.URL(s.name,
-		"default_query_exec_mode=exec", "search_path="+pooledSchema, "pool_max_conns="+strconv.Itoa(maxConns)), pooledSchema)
-	requireNoErr(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// count runs a count query on the direct connection.
-func (s *pooledSetup) count(t *testing.T, sql string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	if err := s.direct.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
-// requirePublicUntouched fails the test when any of jobreaper's tables in
-// public holds a row.
-func (s *pooledSetup) requirePublicUntouched(t *testing.T) {
-	t.Helper()
-	for _, table := range []string{"jobs", "job_types", "job_events", "job_batches"} {
-		if n := s.count(t, "SELECT count(*) FROM public."+table); n != 0 {
-			t.Errorf("public.%s holds %d rows, want 0: a statement relied on search_path", table, n)
-		}
-	}
-}
-
 func TestCase_B40_BehindPgBouncerTransactionMode(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const flows, poolSize, clients = 200, 5, 40
-	s := setupPooled(t, jobstest.PgBouncerOptions{PoolSize: poolSize})
+	s := jobstest.NewPooled(t, jobstest.PgBouncerOptions{PoolSize: poolSize})
 
 	config := map[string]string{}
-	for _, row := range s.pgb.Show(t, "CONFIG") {
+	for _, row := range s.PgBouncer.Show(t, "CONFIG") {
 		config[row["key"]] = row["value"]
 	}
 	if config["pool_mode"] != "transaction" || config["ignore_startup_parameters"] != "search_path" {
 		t.Fatalf("pooler runs pool_mode %q, ignore_startup_parameters %q; want transaction, search_path",
 			config["pool_mode"], config["ignore_startup_parameters"])
 	}
-	if got, ok := config["max_prepared_statements"]; s.pgb.PreparedStatementsPinned && got != "0" || !s.pgb.PreparedStatementsPinned && ok {
-		t.Fatalf("PgBouncer %s: max_prepared_statements = %q (present %v), want 0 where the setting exists", s.pgb.Version, got, ok)
+	if got, ok := config["max_prepared_statements"]; s.PgBouncer.PreparedStatementsPinned && got != "0" || !s.PgBouncer.PreparedStatementsPinned && ok {
+		t.Fatalf("PgBouncer %s: max_prepared_statements = %q (present %v), want 0 where the setting exists", s.PgBouncer.Version, got, ok)
 	}
 
-	_, err := s.direct.Exec(ctx, `
+	_, err := s.Direct.Exec(ctx, `
 CREATE SCHEMA app;
 CREATE TABLE app.reports (job_id text PRIMARY KEY, generation bigint NOT NULL);
 INSERT INTO jobreaper.job_types (name, max_runtime) VALUES ('report.export', '1 hour');
 INSERT INTO jobreaper.jobs (id, type, status) SELECT 'job-' || i, 'report.export', 'QUEUED' FROM generate_series(1, 200) i`)
 	requireNoErr(t, err)
 
-	pool := s.connect(t, clients)
+	pool := s.Connect(t, clients)
 	var current string
 	requireNoErr(t, pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&current))
 	if current != "public" {
 		t.Fatalf("current_schema() through the pooler = %q, want public (the pooler ignores search_path)", current)
 	}
-	store := jobs.NewStore(pool, jobs.WithSchema(pooledSchema))
+	store := jobs.NewStore(pool, jobs.WithSchema(jobstest.PooledSchema))
 	if err := store.CheckSchema(ctx); err != nil {
 		t.Fatalf("start-up check through the pooler: %v", err)
 	}
@@ -135,28 +71,28 @@ INSERT INTO jobreaper.jobs (id, type, status) SELECT 'job-' || i, 'report.export
 		}
 	}
 
-	if n := s.count(t, `SELECT count(*) FROM jobreaper.jobs
+	if n := s.Count(t, `SELECT count(*) FROM jobreaper.jobs
  WHERE status = 'COMPLETED' AND generation = 1 AND progress_mark = 1 AND finished_at IS NOT NULL`); n != flows {
 		t.Errorf("COMPLETED rows at generation 1 with progress mark 1 = %d, want %d", n, flows)
 	}
 	for _, kind := range []string{"claimed", jobs.EventCompleted} {
-		if n := s.count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind = $1`, kind); n != flows {
+		if n := s.Count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind = $1`, kind); n != flows {
 			t.Errorf("%s events = %d, want %d", kind, n, flows)
 		}
 	}
-	if n := s.count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind <> 'claimed' AND kind <> $1`, jobs.EventCompleted); n != 0 {
+	if n := s.Count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind <> 'claimed' AND kind <> $1`, jobs.EventCompleted); n != 0 {
 		t.Errorf("%d other events (late_result_rejected, ...), want 0", n)
 	}
-	if n := s.count(t, `SELECT count(*) FROM app.reports`); n != flows {
+	if n := s.Count(t, `SELECT count(*) FROM app.reports`); n != flows {
 		t.Errorf("product rows = %d, want %d", n, flows)
 	}
-	s.requirePublicUntouched(t)
+	s.RequirePublicUntouched(t)
 
 	// The work really was multiplexed: more client connections than
 	// server connections.
 	servers := 0
-	for _, row := range s.pgb.Show(t, "SERVERS") {
-		if row["database"] == s.name {
+	for _, row := range s.PgBouncer.Show(t, "SERVERS") {
+		if row["database"] == s.Name {
 			servers++
 		}
 	}
@@ -192,8 +128,8 @@ func pooledFlow(ctx context.Context, store *jobs.Store, hb *jobs.Heartbeater, po
 func TestPooledStartUpCheckRefusesAWrongSchemaName(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := setupPooled(t, jobstest.PgBouncerOptions{})
-	pool := s.connect(t, 4)
+	s := jobstest.NewPooled(t, jobstest.PgBouncerOptions{})
+	pool := s.Connect(t, 4)
 
 	const wrong = "jobreapr"
 	err := jobs.NewStore(pool, jobs.WithSchema(wrong)).CheckSchema(ctx)
@@ -205,11 +141,11 @@ func TestPooledStartUpCheckRefusesAWrongSchemaName(t *testing.T) {
 			t.Fatalf("CheckSchema error %q does not say %q", err, want)
 		}
 	}
-	if err := jobs.CheckMigrated(ctx, pool, wrong); !errors.Is(err, jobs.ErrNotMigrated) {
+	if err := checkMigrated(ctx, pool, wrong); !errors.Is(err, jobs.ErrNotMigrated) {
 		t.Fatalf("CheckMigrated(%s) = %v, want ErrNotMigrated (the daemon's check)", wrong, err)
 	}
-	if err := jobs.CheckMigrated(ctx, pool, pooledSchema); err != nil {
-		t.Fatalf("CheckMigrated(%s) = %v, want nil", pooledSchema, err)
+	if err := checkMigrated(ctx, pool, jobstest.PooledSchema); err != nil {
+		t.Fatalf("CheckMigrated(%s) = %v, want nil", jobstest.PooledSchema, err)
 	}
 }
 
@@ -219,26 +155,26 @@ func TestPooledStartUpCheckRefusesAWrongSchemaName(t *testing.T) {
 func TestConnectSendsNoStartupParameterAPoolerRefuses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := setupPooled(t, jobstest.PgBouncerOptions{IgnoreStartupParameters: []string{}})
-	_, err := s.direct.Exec(ctx, `INSERT INTO jobreaper.job_types (name, max_runtime) VALUES ('report.export', '1 hour');
+	s := jobstest.NewPooled(t, jobstest.PgBouncerOptions{IgnoreStartupParameters: []string{}})
+	_, err := s.Direct.Exec(ctx, `INSERT INTO jobreaper.job_types (name, max_runtime) VALUES ('report.export', '1 hour');
 INSERT INTO jobreaper.jobs (id, type, status) VALUES ('job-1', 'report.export', 'QUEUED')`)
 	requireNoErr(t, err)
 
 	// The premise: this pooler refuses a search_path startup parameter.
-	if _, err := pgx.Connect(ctx, s.pgb.URL(s.name, "search_path="+pooledSchema)); err == nil ||
+	if _, err := pgx.Connect(ctx, s.PgBouncer.URL(s.Name, "search_path="+jobstest.PooledSchema)); err == nil ||
 		!strings.Contains(err.Error(), "unsupported startup parameter") {
 		t.Fatalf("connecting with search_path: %v, want the pooler's refusal", err)
 	}
-	pool, err := jobs.Connect(ctx, s.pgb.URL(s.name, "default_query_exec_mode=exec"), pooledSchema)
+	pool, err := jobs.Connect(ctx, s.PgBouncer.URL(s.Name, "default_query_exec_mode=exec"), jobstest.PooledSchema)
 	if err != nil {
 		t.Fatalf("Connect through a pooler that ignores no startup parameter: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	lease, err := jobs.NewStore(pool, jobs.WithSchema(pooledSchema)).Claim(ctx, "job-1", 0, "w1")
+	lease, err := jobs.NewStore(pool, jobs.WithSchema(jobstest.PooledSchema)).Claim(ctx, "job-1", 0, "w1")
 	if err != nil || lease.Generation != 1 {
 		t.Fatalf("claim through the pooler: %+v, %v; want generation 1", lease, err)
 	}
-	s.requirePublicUntouched(t)
+	s.RequirePublicUntouched(t)
 }
 
 // The rest of the worker library through the pooler, in the mode pooled
@@ -250,8 +186,8 @@ INSERT INTO jobreaper.jobs (id, type, status) VALUES ('job-1', 'report.export', 
 func TestPooledWorkerCallsOnANonPublicSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := setupPooled(t, jobstest.PgBouncerOptions{})
-	_, err := s.direct.Exec(ctx, `
+	s := jobstest.NewPooled(t, jobstest.PgBouncerOptions{})
+	_, err := s.Direct.Exec(ctx, `
 CREATE TABLE public.courses (id text PRIMARY KEY, completed int NOT NULL DEFAULT 0, failed int NOT NULL DEFAULT 0);
 CREATE TABLE public.lessons (job_id text NOT NULL, lesson bigint NOT NULL);
 INSERT INTO public.courses (id) VALUES ('c1');
@@ -261,8 +197,8 @@ INSERT INTO jobreaper.jobs (id, type, status, parent_id) VALUES
   ('a', 'course.publish', 'QUEUED', 'c1'), ('b', 'course.publish', 'QUEUED', 'c1'),
   ('c', 'course.publish', 'QUEUED', 'c1'), ('d', 'course.touch', 'QUEUED', 'c1')`)
 	requireNoErr(t, err)
-	pool := s.connect(t, 4)
-	store := jobs.NewStore(pool, jobs.WithSchema(pooledSchema), jobs.WithCascades(jobs.Cascades{"course.publish": {
+	pool := s.Connect(t, 4)
+	store := jobs.NewStore(pool, jobs.WithSchema(jobstest.PooledSchema), jobs.WithCascades(jobs.Cascades{"course.publish": {
 		OnCompleted: []string{`UPDATE courses SET completed = completed + 1 WHERE id = @parent_id`},
 		OnFailed:    []string{`UPDATE courses SET failed = failed + 1 WHERE id = @parent_id`},
 	}}))
@@ -308,24 +244,24 @@ INSERT INTO jobreaper.jobs (id, type, status, parent_id) VALUES
 	}
 
 	for id, want := range map[string]string{"a": "COMPLETED", "b": "FAILED", "c": "QUEUED", "d": "COMPLETED"} {
-		if n := s.count(t, `SELECT count(*) FROM jobreaper.jobs WHERE id = $1 AND status = $2`, id, want); n != 1 {
+		if n := s.Count(t, `SELECT count(*) FROM jobreaper.jobs WHERE id = $1 AND status = $2`, id, want); n != 1 {
 			t.Errorf("job %s is not %s", id, want)
 		}
 	}
 	for kind, want := range map[string]int64{"claimed": 4, jobs.EventCompleted: 2, jobs.EventFailed: 1,
 		jobs.EventReleased: 1, jobs.EventLateResultRejected: 1} {
-		if n := s.count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind = $1`, kind); n != want {
+		if n := s.Count(t, `SELECT count(*) FROM jobreaper.job_events WHERE kind = $1`, kind); n != want {
 			t.Errorf("%s events = %d, want %d", kind, n, want)
 		}
 	}
-	if n := s.count(t, `SELECT count(*) FROM jobreaper.job_batches WHERE job_id = 'a' AND cursor_after = 1`); n != 1 {
+	if n := s.Count(t, `SELECT count(*) FROM jobreaper.job_batches WHERE job_id = 'a' AND cursor_after = 1`); n != 1 {
 		t.Errorf("recorded batches of a = %d, want 1", n)
 	}
-	if n := s.count(t, `SELECT count(*) FROM public.lessons`); n != 1 {
+	if n := s.Count(t, `SELECT count(*) FROM public.lessons`); n != 1 {
 		t.Errorf("lesson rows = %d, want 1 (the replay must not write again)", n)
 	}
-	if n := s.count(t, `SELECT completed * 10 + failed FROM public.courses WHERE id = 'c1'`); n != 11 {
+	if n := s.Count(t, `SELECT completed * 10 + failed FROM public.courses WHERE id = 'c1'`); n != 11 {
 		t.Errorf("course c1: completed*10+failed = %d, want 11 (one completion cascade, one failure cascade)", n)
 	}
-	s.requirePublicUntouched(t)
+	s.RequirePublicUntouched(t)
 }

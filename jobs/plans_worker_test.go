@@ -1,8 +1,6 @@
 package jobs_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -13,21 +11,8 @@ import (
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
 
-// explainPlain returns the plan of sql as the worker library runs it: a
-// single statement, with no plan settings around it.
-func explainPlain(t *testing.T, db *jobstest.DB, sql string, args ...any) planNode {
-	t.Helper()
-	var raw []byte
-	requireNoErr(t, db.Pool.QueryRow(context.Background(), "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&raw))
-	var doc []struct {
-		Plan planNode `json:"Plan"`
-	}
-	requireNoErr(t, json.Unmarshal(raw, &doc))
-	return doc[0].Plan
-}
-
 // TestWorkerPlansHoldOnStaleStatistics checks, on EXPLAIN, that every
-// statement a worker (or an operator command) sends for one job reads jobs
+// statement a worker sends for one job reads jobs
 // through the primary key, however stale the statistics: a statement that
 // names status = 'PROCESSING' (or 'FAILED', 'QUEUED') must not be planned
 // on a partial index of that status, whose statistics can say it is empty
@@ -38,7 +23,7 @@ func TestWorkerPlansHoldOnStaleStatistics(t *testing.T) {
 		t.Run(fmt.Sprintf("AnalyzedEmpty=%v", analyzedEmpty), func(t *testing.T) {
 			t.Parallel()
 			db, store := setup(t, nil)
-			staleTable(t, db, analyzedEmpty)
+			jobstest.StaleTable(t, db, analyzedEmpty)
 			lease := pgx.NamedArgs{"job_id": "p000007", "generation": int64(1), "worker": "w", "expected_generation": int64(1),
 				"progress": int64(5), "code": "no_completion", "cursor_after": int64(10), "expected_cursor": int64(0), "total": int64(100),
 				"id": "p000007", "status": "FAILED"}
@@ -58,15 +43,36 @@ func TestWorkerPlansHoldOnStaleStatistics(t *testing.T) {
 				{"AdvanceLock", jobs.AdvanceLockSQL, []any{"p000007"}},
 				{"MoveCursor", jobs.MoveCursorSQL, []any{lease}},
 				{"SetTotal", jobs.SetTotalSQL, []any{lease}},
-				{"Requeue", jobs.RequeueSQL, []any{lease}},
 			} {
-				plan := explainPlain(t, db, store.Q(st.sql), st.args...)
+				plan := jobstest.ExplainPlain(t, db, store.Q(st.sql), st.args...)
 				var access []string
 				var gather bool
-				jobsAccess(plan, &access, &gather)
+				jobstest.JobsAccess(plan, &access, &gather)
 				if len(access) == 0 || slices.ContainsFunc(access, func(a string) bool { return a != "jobs_pkey" }) {
 					t.Errorf("%s reads jobs by %v, want the primary key only", st.name, access)
 				}
+			}
+		})
+	}
+}
+
+// TestStateReadPlanHoldsOnStaleStatistics checks the read that answers a
+// refused fenced write (a job's status and generation by ID) as the
+// daemon's statements by ID are checked: behind the plan settings that
+// pin the others, it still reads jobs through the primary key alone.
+func TestStateReadPlanHoldsOnStaleStatistics(t *testing.T) {
+	t.Parallel()
+	for _, analyzedEmpty := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AnalyzedEmpty=%v", analyzedEmpty), func(t *testing.T) {
+			t.Parallel()
+			db, store := setup(t, nil)
+			jobstest.StaleTable(t, db, analyzedEmpty)
+			plan, text := jobstest.Explain(t, db, store.Q(jobs.ReadStateSQL), "p000005")
+			var access []string
+			var gather bool
+			jobstest.JobsAccess(plan, &access, &gather)
+			if len(access) == 0 || slices.ContainsFunc(access, func(a string) bool { return a != "jobs_pkey" }) || gather {
+				t.Errorf("StateOfOne reads jobs by %v (gather or nested loop %v), want the primary key only, joined by hash:\n%s", access, gather, text)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -49,7 +50,7 @@ SELECT 'j' || i, $1, 'QUEUED', 'p' || i, 't1' FROM generate_series(1, $2::int) i
 		leases[i] = claim(t, store, ids[i], 0, "w1")
 	}
 	db.Exec(t, `UPDATE jobs SET started_at = now() - interval '3 hours', updated_at = now() - interval '1 hour'`)
-	snaps, err := store.LoadForTasks(ctx, ids) // the reaper's batched read
+	snaps, err := jobs.DaemonOf(store).LoadForTasks(ctx, ids) // the reaper's batched read
 	requireNoErr(t, err)
 
 	// Races run raceLanes at a time (distinct jobs) on a pool with room for
@@ -126,7 +127,7 @@ func raceOne(ctx context.Context, store *jobs.Store, db *jobstest.DB, f raceFlow
 		if !reapFirst {
 			runtime.Gosched()
 		}
-		reaped, _, reapErr = store.Reap(ctx, jobs.ReapParams{
+		reaped, _, reapErr = jobs.DaemonOf(store).Reap(ctx, pgstore.ReapParams{
 			JobID: lease.JobID, Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
 			Reason: jobs.ReasonStalled, Rule: rule,
 		})

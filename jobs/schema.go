@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jobreaper/jobreaper/internal/editdistance"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // ownTables are jobreaper's own tables, which every statement of this package
@@ -22,26 +24,27 @@ var ownTables = []string{"job_types", "jobs", "job_events", "job_batches"}
 
 // CheckSchema is the start-up check of a Store's schema (WithSchema): it
 // returns nil when the schema holds jobreaper's tables and every migration
-// this binary ships. The daemon runs the same check (CheckMigrated), and a
-// worker process should call this once before it serves tasks, so that a
-// wrong schema name stops it at start instead of failing every task.
+// this binary ships. It writes nothing. The daemon runs the same check at
+// start, and a worker process should call this once before it serves
+// tasks, so that a wrong schema name or a forgotten migration stops it at
+// start instead of failing every task.
 // Behind a transaction-mode pooler every connection reports public as its
 // current schema, so the check names the schema in each lookup
 // (to_regclass('"jobreaper".jobs')) instead of asking the connection.
 //
-// Errors: ErrBadSchema for a name that breaks ValidSchema; ErrNotMigrated
-// naming the schema, what is missing and `jobreaper migrate --schema
-// <name>`; a wrapped driver error (timeout: OpTimeoutDefault or
-// WithOpTimeout) when PostgreSQL fails.
+// Errors: ErrBadSchema for a name that is not a plain identifier (see
+// Connect); ErrNotMigrated naming the schema, what is missing and
+// `jobreaper migrate --schema <name>`; a wrapped driver error (timeout:
+// OpTimeoutDefault or WithOpTimeout) when PostgreSQL fails.
 func (s *Store) CheckSchema(ctx context.Context) error {
-	ctx, done := s.op(ctx, "CheckSchema")
-	return done(checkSchema(ctx, s.db, s.schema))
+	ctx, done := s.core.Op(ctx, "CheckSchema")
+	return done(checkSchema(ctx, s.core.DB(), s.core.Schema()))
 }
 
 // checkSchema looks up, by qualified name, jobreaper's tables and the
 // version table in schema, then the latest applied migration.
-func checkSchema(ctx context.Context, q rowQuerier, schema string) error {
-	if !ValidSchema(schema) {
+func checkSchema(ctx context.Context, q pgcore.RowQuerier, schema string) error {
+	if !idcheck.ValidSchema(schema) {
 		return fmt.Errorf("schema %q: %w", schema, ErrBadSchema)
 	}
 	latest, err := latestVersion()
@@ -107,7 +110,7 @@ const typoDistance = 2
 // name is within typoDistance of schema (the nearest, then the first by
 // name). It returns "" when there is none, or when the lookup fails: it
 // only adds a hint to an error already on its way.
-func otherJobreaperSchema(ctx context.Context, q rowQuerier, schema string) string {
+func otherJobreaperSchema(ctx context.Context, q pgcore.RowQuerier, schema string) string {
 	var names []string
 	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(n.nspname::text ORDER BY n.nspname), '{}')
   FROM pg_catalog.pg_namespace n
@@ -115,7 +118,7 @@ func otherJobreaperSchema(ctx context.Context, q rowQuerier, schema string) stri
    AND EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relname = $2 AND c.relkind IN ('r', 'p'))
    AND EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'jobs' AND c.relkind IN ('r', 'p'))`,
 		schema, SchemaVersionTable).Scan(&names)
-	names = slices.DeleteFunc(names, func(n string) bool { return !ValidSchema(n) })
+	names = slices.DeleteFunc(names, func(n string) bool { return !idcheck.ValidSchema(n) })
 	switch {
 	case err != nil || len(names) == 0:
 		return ""

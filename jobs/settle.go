@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // This file holds the writes the start guard's outcome mapping needs
@@ -40,10 +42,10 @@ func (s *Store) Release(ctx context.Context, lease Lease) error {
 
 // releaseOnce is one try of Release.
 func (s *Store) releaseOnce(ctx context.Context, lease Lease, maybeDone bool) error {
-	ctx, done := s.op(ctx, "Release")
+	ctx, done := s.core.Op(ctx, "Release")
 	matched := false
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, s.q(releaseSQL), namedLease(lease))
+	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, s.core.Q(releaseSQL), namedLease(lease))
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
@@ -66,7 +68,7 @@ func (s *Store) releaseOnce(ctx context.Context, lease Lease, maybeDone bool) er
 // the attempt is stale or the job terminal; an error saying so when the
 // row still reads PROCESSING at the lease's generation.
 func (s *Store) refuseFinal(ctx context.Context, op string, lease Lease, own func(jobState) bool) error {
-	st, err := s.readState(ctx, s.db, lease.JobID)
+	st, err := s.readState(ctx, s.core.DB(), lease.JobID)
 	if err != nil {
 		return err
 	}
@@ -125,11 +127,11 @@ func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, 
 
 // autoCompleteOnce is one try of AutoComplete.
 func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResult, error) {
-	ctx, done := s.op(ctx, "AutoComplete")
+	ctx, done := s.core.Op(ctx, "AutoComplete")
 	matched := false
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var ca cascadeArgs
-		err := tx.QueryRow(ctx, s.q(autoCompleteSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
+		var ca pgcore.CascadeArgs
+		err := tx.QueryRow(ctx, s.core.Q(autoCompleteSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -141,7 +143,7 @@ func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResu
 			return err
 		}
 		ca.JobID = lease.JobID
-		return s.cascades.runCompleted(ctx, tx, ca)
+		return s.core.RunCompleted(ctx, tx, ca)
 	})
 	if err != nil {
 		return CompleteResult{}, done(err)
@@ -153,7 +155,7 @@ func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResu
 		st   jobState
 		auto bool
 	)
-	err = s.db.QueryRow(ctx, s.q(autoStateSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &auto)
+	err = s.core.DB().QueryRow(ctx, s.core.Q(autoStateSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason, &auto)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}

@@ -2,13 +2,10 @@ package jobs
 
 import (
 	"context"
-	"fmt"
 	"math"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
 // Job statuses, as stored in jobs.status.
@@ -19,307 +16,37 @@ const (
 	StatusFailed     = "FAILED"
 )
 
-// LoadBatchSize is how many job IDs one LoadForTasks query names (= ANY($1));
-// larger sets are split so that no single statement grows without bound.
-// At 10,000 IDs a batch costs tens of milliseconds, and the reaper holds
-// one batch of rows at a time.
-const LoadBatchSize = 10000
+// Snapshot is a job row as Get reads it, together with its type's limits:
+// ID, Type, Status, Generation, FirstGeneration (see Lease), Worker, Queue
+// and ParentID ("" when NULL), StartedAt (nil when the row was never
+// claimed), UpdatedAt, FailureReason ("" when NULL), Limits (nil when no
+// job_types row names the type) and Unreadable (what Go cannot represent
+// of the row, such as an 'infinity' timestamp; "" for a row read whole).
+// The reaper decides on the same type.
+type Snapshot = pgcore.Snapshot
 
-// Snapshot is a job row as read, together with its type's limits. The
-// reaper decides on it, and its reap repeats Status, Generation and
-// UpdatedAt in the compare-and-set.
-type Snapshot struct {
-	ID, Type, Status string
-	Generation       int64
-	// FirstGeneration is the generation the job's current life started at
-	// (see Lease.FirstGeneration); Generation equals it until the life's
-	// first claim.
-	FirstGeneration int64
-	// Worker, Queue, ParentID are "" when NULL.
-	Worker, Queue, ParentID string
-	// StartedAt is nil when the row has no start time (never claimed).
-	StartedAt *time.Time
-	UpdatedAt time.Time
-	// FailureReason is "" when NULL.
-	FailureReason string
-	// Limits is nil when no job_types row has the job's type.
-	Limits *Limits
-	// Unreadable is "" for a row read whole; otherwise it says which value
-	// of the row Go cannot represent (a started_at or updated_at of
-	// 'infinity' or '-infinity', which a product's own SQL can write). Such
-	// a row has no runtime or idle time to judge: the reaper skips it as
-	// bad_row instead of failing the whole batch it was read with, and the
-	// time fields it names are zero.
-	Unreadable string
-	// updatedKey is updated_at as read, infinite values included: the
-	// keyset position of the row in (updated_at, id) pages.
-	updatedKey pgtype.Timestamptz
-}
+// Limits is a job_types row as Get reads it: MaxRuntime, StallTimeout (nil
+// when NULL: the daemon's stall_timeout applies), HardTimeout (nil when
+// NULL: HardTimeoutDefault applies) and AutoComplete. Intervals convert as
+// PostgreSQL compares them (a month is 30 days, a day 24 hours; beyond
+// about 292 years they saturate at MaxDuration).
+type Limits = pgcore.Limits
 
-// Limits is a job_types row.
-type Limits struct {
-	// MaxRuntime is the soft limit; intervals convert with 30-day months and
-	// 24-hour days, as PostgreSQL compares them.
-	MaxRuntime time.Duration
-	// StallTimeout is nil when NULL (the daemon default applies).
-	StallTimeout *time.Duration
-	// HardTimeout is nil when NULL (HardTimeoutDefault applies).
-	HardTimeout *time.Duration
-	// AutoComplete: a handler returning nil without Complete completes the job.
-	AutoComplete bool
+// MaxDuration is the longest time.Duration, about 292 years: the value of
+// a limit longer than that (Lease.MaxRuntime, Limits).
+const MaxDuration = time.Duration(math.MaxInt64)
 
-	// The limits in whole microseconds, exact up to IntervalMicros'
-	// bound, when read from the database (exact is true); see Micros.
-	exact                         bool
-	maxRuntimeUs                  int64
-	stallTimeoutUs, hardTimeoutUs *int64
-}
-
-// Micros returns the limits in whole microseconds as PostgreSQL compares
-// them (30-day months, 24-hour days); stall and hard are nil when NULL.
-// For Limits read from the database they are exact up to about 292,000
-// years (IntervalMicros), where MaxRuntime and the other durations stop
-// at time.Duration's 292 years: a limit of '1000 years' must still compare
-// as longer than '500 years' and shorter than a runtime of 2,000 years, as
-// it does in StallPredicate. For Limits built in code they are the
-// durations, truncated to microseconds.
-func (l *Limits) Micros() (maxRuntime int64, stall, hard *int64) {
-	if l.exact {
-		return l.maxRuntimeUs, l.stallTimeoutUs, l.hardTimeoutUs
-	}
-	us := func(d *time.Duration) *int64 {
-		if d == nil {
-			return nil
-		}
-		v := d.Microseconds()
-		return &v
-	}
-	return l.MaxRuntime.Microseconds(), us(l.StallTimeout), us(l.HardTimeout)
-}
-
-const snapshotColumns = `
-    j.id, j.type, j.status, j.generation, coalesce(j.worker, ''), coalesce(j.queue, ''),
-    coalesce(j.parent_id, ''), j.started_at, j.updated_at, coalesce(j.failure_reason, ''),
-    t.name IS NOT NULL, t.max_runtime, t.stall_timeout, t.hard_timeout, coalesce(t.auto_complete, false),
-    j.first_generation`
-
-// loadSQL reads rows and limits by ID, through the primary key (it runs
-// behind pinPlansSQL: a custom plan without sequential scans).
-const loadSQL = `SELECT ` + snapshotColumns + `
-  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
- WHERE j.id = ANY(@ids::text[])`
-
-// LoadForTasks reads the job rows with the given IDs and their type limits,
-// in queries of at most LoadBatchSize IDs each (never one query per task).
-// IDs without a row are absent from the result map. The reaper calls it
-// once per batch, so that it holds one batch of rows at a time. It returns
-// a wrapped driver error when PostgreSQL fails (no partial result).
-func (s *Store) LoadForTasks(ctx context.Context, ids []string) (map[string]Snapshot, error) {
-	out := make(map[string]Snapshot, len(ids))
-	for start := 0; start < len(ids); start += LoadBatchSize {
-		end := min(start+LoadBatchSize, len(ids))
-		if err := s.loadBatch(ctx, ids[start:end], out); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-func (s *Store) loadBatch(ctx context.Context, ids []string, out map[string]Snapshot) error {
-	ctx, done := s.op(ctx, "LoadForTasks")
-	rows, _, err := pinnedQuery(ctx, s.db, s.q(loadSQL), pgx.NamedArgs{"ids": ids})
-	if err != nil {
-		return done(err)
-	}
-	defer rows.Close()
-	var types limitsCache
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return done(err)
-		}
-		sn.Limits = types.share(sn.Type, sn.Limits)
-		out[sn.ID] = sn
-	}
-	return done(rows.Err())
-}
-
-// limitsCache lets the rows of one batch share one Limits per job type
-// instead of one copy per row.
-type limitsCache map[string]*Limits
-
-func (c *limitsCache) share(typ string, l *Limits) *Limits {
-	if l == nil {
-		return nil
-	}
-	if *c == nil {
-		*c = limitsCache{}
-	}
-	if have, ok := (*c)[typ]; ok && equalLimits(*have, *l) {
-		return have
-	}
-	(*c)[typ] = l
-	return l
-}
-
-func equalLimits(a, b Limits) bool {
-	eq := func(x, y *time.Duration) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
-	eqUs := func(x, y *int64) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
-	return a.MaxRuntime == b.MaxRuntime && a.AutoComplete == b.AutoComplete &&
-		eq(a.StallTimeout, b.StallTimeout) && eq(a.HardTimeout, b.HardTimeout) &&
-		a.exact == b.exact && a.maxRuntimeUs == b.maxRuntimeUs &&
-		eqUs(a.stallTimeoutUs, b.stallTimeoutUs) && eqUs(a.hardTimeoutUs, b.hardTimeoutUs)
-}
+// HardTimeoutDefault is the hard_timeout of a job type whose column is NULL:
+// the asynq Timeout the enqueue helper passes, a ceiling beyond which asynq
+// cancels and retries a task whatever its progress.
+const HardTimeoutDefault = 24 * time.Hour
 
 // Get reads one job row and its type limits. It returns an error wrapping
 // ErrNotFound when no row has that ID, and one wrapping ErrBadID (nothing
 // sent) for an ID no row can have (CheckID: empty, a NUL byte, invalid
 // UTF-8, over MaxIDLength), which PostgreSQL would answer with a driver
-// error and the ID's raw bytes.
+// error and the ID's raw bytes; otherwise a wrapped driver error or the
+// operation's timeout.
 func (s *Store) Get(ctx context.Context, id string) (Snapshot, error) {
-	ctx, done := s.op(ctx, "Get")
-	if err := CheckID(id); err != nil {
-		return Snapshot{}, done(err)
-	}
-	rows, err := s.db.Query(ctx, s.q(`SELECT `+snapshotColumns+`
-  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
- WHERE j.id = $1`), id)
-	if err != nil {
-		return Snapshot{}, done(err)
-	}
-	sn, err := pgx.CollectExactlyOneRow(rows, scanSnapshot)
-	if err != nil {
-		return Snapshot{}, done(fmt.Errorf("job %s: %w", id, err))
-	}
-	return sn, done(nil)
-}
-
-func scanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
-	var (
-		sn                    Snapshot
-		started               pgtype.Timestamptz
-		known, auto           bool
-		maxRun, stall, hardTO pgtype.Interval
-	)
-	// The timestamps are scanned into pgtype.Timestamptz, which holds
-	// 'infinity': scanning it into a time.Time fails, and pgx then ends
-	// the whole result, so one odd row would stop the reaps of its batch.
-	err := row.Scan(&sn.ID, &sn.Type, &sn.Status, &sn.Generation, &sn.Worker, &sn.Queue,
-		&sn.ParentID, &started, &sn.updatedKey, &sn.FailureReason,
-		&known, &maxRun, &stall, &hardTO, &auto, &sn.FirstGeneration)
-	if err != nil {
-		return sn, err
-	}
-	if sn.updatedKey.InfinityModifier == pgtype.Finite {
-		sn.UpdatedAt = sn.updatedKey.Time
-	} else {
-		sn.Unreadable = "updated_at is " + sn.updatedKey.InfinityModifier.String()
-	}
-	switch {
-	case !started.Valid:
-	case started.InfinityModifier != pgtype.Finite:
-		sn.Unreadable = strings.TrimPrefix(sn.Unreadable+"; ", "; ") + "started_at is " + started.InfinityModifier.String()
-	default:
-		t := started.Time
-		sn.StartedAt = &t
-	}
-	if known {
-		sn.Limits = &Limits{
-			MaxRuntime:     IntervalDuration(maxRun),
-			StallTimeout:   optionalDuration(stall),
-			HardTimeout:    optionalDuration(hardTO),
-			AutoComplete:   auto,
-			exact:          true,
-			maxRuntimeUs:   IntervalMicros(maxRun),
-			stallTimeoutUs: optionalMicros(stall),
-			hardTimeoutUs:  optionalMicros(hardTO),
-		}
-	}
-	return sn, nil
-}
-
-// IntervalDuration converts a PostgreSQL interval the way PostgreSQL
-// compares intervals: a month is 30 days and a day is 24 hours.
-//
-// time.Duration ends at about 292 years; a longer interval saturates at
-// MaxDuration (a negative one at -MaxDuration), so an absurd limit such as
-// '500 years' reads as "never" instead of wrapping around to a negative
-// duration.
-func IntervalDuration(iv pgtype.Interval) time.Duration {
-	const day = 24 * time.Hour
-	days := int64(iv.Days) + 30*int64(iv.Months)
-	// Bound-check in float64 (no overflow there); within the bound the
-	// exact integer sum below cannot overflow. The bound sits a hair under
-	// MaxDuration (at about 291.5 years), which no real limit approaches.
-	approx := float64(iv.Microseconds)*float64(time.Microsecond) + float64(days)*float64(day)
-	switch {
-	case approx >= 9.2e18:
-		return MaxDuration
-	case approx <= -9.2e18:
-		return -MaxDuration
-	}
-	return time.Duration(iv.Microseconds)*time.Microsecond + time.Duration(days)*day
-}
-
-// IntervalMicros converts a PostgreSQL interval to whole microseconds the
-// way PostgreSQL compares intervals (a month is 30 days, a day 24 hours).
-// Beyond what an int64 holds (about 292,000 years, longer than any
-// difference of two PostgreSQL timestamps within 4713 BC to 294276 AD
-// from today) it saturates at math.MaxInt64 (math.MinInt64 below).
-func IntervalMicros(iv pgtype.Interval) int64 {
-	const dayUs = int64(24 * time.Hour / time.Microsecond)
-	days := int64(iv.Days) + 30*int64(iv.Months) // |days| < 2^37: no overflow
-	switch {
-	case days > math.MaxInt64/dayUs:
-		return math.MaxInt64
-	case days < math.MinInt64/dayUs:
-		return math.MinInt64
-	}
-	return AddMicros(days*dayUs, iv.Microseconds)
-}
-
-// AddMicros returns a + b, saturated at math.MaxInt64 and math.MinInt64
-// instead of wrapping around.
-func AddMicros(a, b int64) int64 {
-	sum := a + b
-	switch {
-	case a > 0 && b > 0 && sum < 0:
-		return math.MaxInt64
-	case a < 0 && b < 0 && sum >= 0:
-		return math.MinInt64
-	}
-	return sum
-}
-
-func optionalMicros(iv pgtype.Interval) *int64 {
-	if !iv.Valid {
-		return nil
-	}
-	us := IntervalMicros(iv)
-	return &us
-}
-
-// MaxDuration is the longest time.Duration, about 292 years.
-const MaxDuration = time.Duration(math.MaxInt64)
-
-// Interval converts d to a PostgreSQL interval parameter (microseconds).
-func Interval(d time.Duration) pgtype.Interval {
-	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
-}
-
-func optionalDuration(iv pgtype.Interval) *time.Duration {
-	if !iv.Valid {
-		return nil
-	}
-	d := IntervalDuration(iv)
-	return &d
-}
-
-// Now returns the database clock's now(). The reaper takes one reading per
-// pass and never compares against the host clock.
-func (s *Store) Now(ctx context.Context) (time.Time, error) {
-	ctx, done := s.op(ctx, "Now")
-	var now time.Time
-	err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&now)
-	return now, done(err)
+	return s.core.Get(ctx, id)
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
-// Admitter reads a job row and claims it in one statement; *jobs.Store
+// admitter reads a job row and claims it in one statement; *jobs.Store
 // satisfies it (jobs.Store.Admit).
-type Admitter interface {
+type admitter interface {
 	Admit(ctx context.Context, req jobs.AdmitRequest) (jobs.Admission, error)
 }
 
@@ -22,7 +22,7 @@ type Admitter interface {
 // embeds one to change what Get or Claim does would otherwise be admitted
 // past the methods it changed, so such a GuardStore is used through Get
 // and Claim (two PostgreSQL round trips).
-func admitterOf(store GuardStore) Admitter {
+func admitterOf(store GuardStore) admitter {
 	if s, ok := store.(*jobs.Store); ok && s != nil {
 		return s
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
@@ -165,13 +166,13 @@ func TestCase_B32_JobIDUsedASecondTime(t *testing.T) {
 			if variant.reaped {
 				<-w.hung
 				db.Exec(t, `UPDATE jobs SET started_at = now() - interval '40 minutes', updated_at = now() - interval '20 minutes' WHERE id = $1`, id)
-				reaped, ev, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: 1, UpdatedAt: db.Read(t, id).UpdatedAt,
-					Reason: jobs.ReasonStalled, Rule: jobs.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute, DefaultHardTimeout: 24 * time.Hour}})
+				reaped, ev, err := db.Daemon().Reap(ctx, pgstore.ReapParams{JobID: id, Generation: 1, UpdatedAt: db.Read(t, id).UpdatedAt,
+					Reason: jobs.ReasonStalled, Rule: pgstore.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute, DefaultHardTimeout: 24 * time.Hour}})
 				if err != nil || !reaped || ev.Generation != 1 {
 					t.Fatalf("reaping the first life: reaped %v, generation %d, err %v", reaped, ev.Generation, err)
 				}
 				// The reap was two days ago: 5 of the marker's 7 days are left.
-				if set, err := markers.Set(ctx, id, 1, MarkerTTL-48*time.Hour); err != nil || !set {
+				if set, err := writeMarker(ctx, markers, id, 1, MarkerTTL-48*time.Hour); err != nil || !set {
 					t.Fatalf("setting the marker: set %v, err %v", set, err)
 				}
 				w.release <- struct{}{}

@@ -88,7 +88,8 @@ func TestCase_B33_GuardRefusesAnOddTaskIDForGood(t *testing.T) {
 }
 
 // A marker key someone else wrote (B38's "yes", or a hash) is one bad item:
-// the marker store names the key and wraps ErrBadMarker, on the real Redis.
+// the guard's marker reader names the key and wraps ErrBadMarker, on the
+// real Redis (the reaper's writer refuses it too: internal/asynqstate).
 func TestMarkerKeyOfAnotherToolIsABadMarker(t *testing.T) {
 	t.Parallel()
 	rc := realRedis(t)
@@ -106,17 +107,10 @@ func TestMarkerKeyOfAnotherToolIsABadMarker(t *testing.T) {
 	}
 	rc.Expire(t.Context(), MarkerKey(hash), time.Minute)
 	for _, id := range []string{str, hash} {
-		_, err := s.Set(t.Context(), id, 1, MarkerTTL)
-		if !errors.Is(err, ErrBadMarker) || !strings.Contains(err.Error(), MarkerKey(id)) {
-			t.Fatalf("Set over %s: err = %v, want ErrBadMarker naming the key", MarkerKey(id), err)
-		}
-		_, _, err = s.Get(t.Context(), id)
+		_, _, err := s.Get(t.Context(), id)
 		if !errors.Is(err, ErrBadMarker) || !strings.Contains(err.Error(), MarkerKey(id)) {
 			t.Fatalf("Get of %s: err = %v, want ErrBadMarker naming the key", MarkerKey(id), err)
 		}
-	}
-	if v, _ := rc.Get(t.Context(), MarkerKey(str)).Result(); v != "yes" {
-		t.Fatalf("the foreign value was overwritten with %q", v)
 	}
 }
 

@@ -29,7 +29,7 @@ func TestCase_B19_RedeliveredReapedTaskIsRefused(t *testing.T) {
 		t.Parallel()
 		b := setupGuard(t)
 		reap(t, b.db, "J19")
-		if set, err := b.markers.Set(t.Context(), "J19", 1, MarkerTTL); err != nil || !set {
+		if set, err := writeMarker(t.Context(), b.markers, "J19", 1, MarkerTTL); err != nil || !set {
 			t.Fatalf("setting reaped:J19: set %v, err %v", set, err)
 		}
 		b.mr.FastForward(4 * time.Minute) // 10:35
@@ -62,7 +62,7 @@ func TestCase_B19_RedeliveredReapedTaskIsRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if set, err := markers.Set(t.Context(), id, 1, time.Minute); err != nil || !set {
+		if set, err := writeMarker(t.Context(), markers, id, 1, time.Minute); err != nil || !set {
 			t.Fatalf("setting the marker: set %v, err %v", set, err)
 		}
 		h := &recorder{}
@@ -121,7 +121,7 @@ func TestCase_B22_MarkerSurvivesCleanupAndExpiresOnly(t *testing.T) {
 	}
 
 	// 10:31, the reap.
-	if set, err := b.markers.Set(t.Context(), "J22", 1, MarkerTTL); err != nil || !set {
+	if set, err := writeMarker(t.Context(), b.markers, "J22", 1, MarkerTTL); err != nil || !set {
 		t.Fatalf("setting reaped:J22: set %v, err %v", set, err)
 	}
 	if got := ttl("10:31"); got != 604800 {

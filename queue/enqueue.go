@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/redisop"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -134,7 +135,7 @@ func enqueue(ctx context.Context, client *asynq.Client, insp *asynq.Inspector, s
 		}
 	}
 	all := append([]asynq.Option{asynq.TaskID(jobID), asynq.Queue(queue), asynq.Timeout(timeout)}, opts...)
-	cctx, done := opTimeout(ctx, "queue.Enqueue", EnqueueOpTimeoutDefault)
+	cctx, done := redisop.Timeout(ctx, "queue.Enqueue", EnqueueOpTimeoutDefault)
 	info, err := client.EnqueueContext(cctx, task, all...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) && newLife(row) {
 		if insp == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -75,7 +76,7 @@ type MarkerReader interface {
 type Guard struct {
 	store GuardStore
 	// admitter is store's one-statement admission (admitterOf), or nil.
-	admitter Admitter
+	admitter admitter
 	markers  MarkerReader
 	worker   string
 	logger   *slog.Logger
@@ -121,10 +122,11 @@ func WithLogger(l *slog.Logger) GuardOption {
 
 // WithRegisterer registers the guard's metrics with r (default: no
 // metrics): jobreaper_guard_decisions_total{decision}, where decision is
-// one of GuardDecisions (the start decisions claimed, refused_reaped,
-// refused_failed, acked_completed, claim_lost, no_row, unavailable,
-// no_task_id, bad_job_id and bad_marker, then the settlements of attempts); every value
-// exists at 0 from the start. And jobreaper_guard_short_deadline_total{type}:
+// one of the start decisions claimed, refused_reaped, refused_failed,
+// acked_completed, claim_lost, no_row, unavailable, no_task_id, bad_job_id
+// and bad_marker, or of the settlements of attempts completed,
+// auto_completed, no_completion, released, failed, abandoned, lost_job and
+// settle_failed; every value exists at 0 from the start. And jobreaper_guard_short_deadline_total{type}:
 // claims whose task's deadline ends before started_at + max_runtime +
 // stall timeout (see Middleware); a type's series appears at its first
 // such claim, and a type name that is not a valid label value (empty,
@@ -203,7 +205,7 @@ func defaultWorker() string {
 //     settle_failed and logged, and asynq's decision is kept (see
 //     docs/worker.md, "What a handler's result does").
 //
-// Over a *jobs.Store (see Admitter) steps 2 to 4 take one Redis and one
+// Over a *jobs.Store steps 2 to 4 take one Redis and one
 // PostgreSQL round trip: the marker is read first, then jobs.Store.Admit
 // reads the row, applies the rules of steps 2 and 3 to the row as it
 // stands after any lock wait, and claims, all in one statement. The
@@ -255,7 +257,7 @@ func (g *Guard) admit(ctx context.Context) (lease jobs.Lease, run bool, err erro
 		// this ID, and sending it would fail the read, then every retry.
 		g.count(decisionBadJobID)
 		g.logger.ErrorContext(ctx, "task refused for good: its ID cannot be a job ID",
-			"reason", "bad_job_id", "job_id", jobs.QuoteID(id), "err", err)
+			"reason", "bad_job_id", "job_id", idcheck.QuoteID(id), "err", err)
 		return jobs.Lease{}, false, fmt.Errorf("queue.Guard: %w: %w", err, asynq.SkipRetry)
 	}
 	log := g.logger.With("job_id", id)

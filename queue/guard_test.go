@@ -25,7 +25,7 @@ func TestGuard(t *testing.T) {
 		b := setupGuard(t)
 		// The row still reads PROCESSING so that only the marker can refuse.
 		b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Generation: 1, Worker: "W1", StartedAgo: jobstest.Ago(time.Hour), IdleAgo: 40 * time.Minute})
-		if _, err := b.markers.Set(t.Context(), "J1", 1, MarkerTTL); err != nil {
+		if _, err := writeMarker(t.Context(), b.markers, "J1", 1, MarkerTTL); err != nil {
 			t.Fatal(err)
 		}
 		h := &recorder{}
@@ -47,7 +47,7 @@ func TestGuard(t *testing.T) {
 		t.Parallel()
 		b := setupGuard(t)
 		b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Status: jobs.StatusQueued, Generation: 2})
-		if _, err := b.markers.Set(t.Context(), "J1", 1, MarkerTTL); err != nil {
+		if _, err := writeMarker(t.Context(), b.markers, "J1", 1, MarkerTTL); err != nil {
 			t.Fatal(err)
 		}
 		h := &recorder{}

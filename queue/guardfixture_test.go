@@ -3,9 +3,11 @@ package queue
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
@@ -168,4 +170,12 @@ func (r *readBarrier) Get(ctx context.Context, id string) (jobs.Snapshot, error)
 		r.wg.Wait()
 	}
 	return sn, err
+}
+
+// writeMarker writes jobID's marker for generation with ttl, as the
+// reaper's first write of a marker does (SET with its expiry, when the key
+// is absent), for the guard's tests; the reaper's compare-and-set is
+// internal/asynqstate's MarkerWriter. set is false when a marker was there.
+func writeMarker(ctx context.Context, s *MarkerStore, jobID string, generation int64, ttl time.Duration) (set bool, err error) {
+	return s.client.SetNX(ctx, MarkerKey(jobID), strconv.FormatInt(generation, 10), ttl).Result()
 }

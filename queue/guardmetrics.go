@@ -64,10 +64,6 @@ var decisionNames = [decisionCount]string{
 
 func (d decision) String() string { return decisionNames[d] }
 
-// GuardDecisions returns every value of jobreaper_guard_decisions_total's
-// decision label, in the order of the metric's help text.
-func GuardDecisions() []string { return append([]string(nil), decisionNames[:]...) }
-
 type guardMetrics struct {
 	decisions     *prometheus.CounterVec
 	shortDeadline *prometheus.CounterVec

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/redisop"
 )
 
 // MarkerKeyPrefix starts the Redis key of every marker: the marker of job J
@@ -39,68 +39,9 @@ const MarkerOpTimeoutDefault = 5 * time.Second
 // that one marker only: delete the key and the marker is written again.
 var ErrBadMarker = errors.New("marker value is not a decimal generation")
 
-// badMarkerReply maps a Redis error reply that is about the key itself (it
-// holds a list, a hash, ...: WRONGTYPE) to ErrBadMarker, naming the key;
-// any other error is returned as it is, wrapped with the key.
-func badMarkerReply(key string, err error) error {
-	var reply redis.Error
-	if errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "WRONGTYPE") {
-		return fmt.Errorf("key %s is not a string (%w): %w", key, err, ErrBadMarker)
-	}
-	return fmt.Errorf("key %s: %w", key, err)
-}
-
 // ErrBadOption means an option of this package was given a value outside
 // its rule; the error names the option, the value and the rule.
 var ErrBadOption = errors.New("invalid option")
-
-// setMarkerScript writes the marker only when the key is absent or holds an
-// older generation, with its expiry in the same SET, so a marker never
-// exists without a TTL and a retried write never extends the TTL.
-//
-// KEYS[1] marker key; ARGV[1] generation (decimal); ARGV[2] TTL in ms.
-// Returns 1 when written, 0 when an equal or newer generation is already
-// there, -1 when the key holds something that is not a generation.
-//
-// The stored value is read by the rule Get applies (parseGeneration):
-// ASCII digits only, at most math.MaxInt64, compared as decimal strings.
-// Lua's tonumber would read " 5", "5.0", "0x10", "1e3" and "nan" as
-// numbers Get refuses, and compares as doubles, which cannot tell
-// generations apart above 2^53.
-var setMarkerScript = redis.NewScript(`
-local function generation(s)
-  if not string.find(s, "^%d+$") then
-    return nil
-  end
-  s = string.gsub(s, "^0+", "")
-  if s == "" then
-    s = "0"
-  end
-  if #s > 19 or (#s == 19 and s > "9223372036854775807") then
-    return nil
-  end
-  return s
-end
-local cur = redis.call("GET", KEYS[1])
-if cur then
-  local n = generation(cur)
-  if n == nil then
-    return -1
-  end
-  local g = generation(ARGV[1])
-  if #n > #g or (#n == #g and n >= g) then
-    return 0
-  end
-end
-redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-return 1
-`)
-
-// negativeGeneration is the error of a marker write whose generation is
-// below 0: generations count claims from 0, so no marker can hold one.
-func negativeGeneration(op, jobID string, generation int64) error {
-	return fmt.Errorf("queue.MarkerStore.%s: job %s: generation %d is negative: %w", op, jobs.QuoteID(jobID), generation, jobs.ErrInvalidArgument)
-}
 
 // parseGeneration reads a marker's value: a generation written in ASCII
 // digits (no sign, space or other notation), at most math.MaxInt64; ok is
@@ -159,55 +100,6 @@ func NewMarkerStore(client redis.UniversalClient, opts ...MarkerOption) (*Marker
 // MarkerKey returns the Redis key of jobID's marker.
 func MarkerKey(jobID string) string { return MarkerKeyPrefix + jobID }
 
-// MarkerRemaining returns the TTL a marker written now must get so that it
-// still expires MarkerTTL after the reap: MarkerTTL - (now - reapedAt),
-// both times read from the database clock. It is <= 0 when the 7 days have
-// passed, and Set then writes nothing.
-func MarkerRemaining(reapedAt, now time.Time) time.Duration {
-	return MarkerTTL - now.Sub(reapedAt)
-}
-
-// Set records that jobID was reaped at generation, with ttl as the
-// marker's remaining lifetime (see MarkerRemaining; the caller computes it
-// on the database clock, so a repair long after the reap never grants a
-// fresh 7 days). One Lua step writes value and expiry together, and only
-// when the key is absent or holds an older generation: a retried Set never
-// extends the TTL, while a later reap of a requeued job at a higher
-// generation gets its own lifetime.
-//
-// It returns set=true when it wrote the key; set=false, nil when ttl is
-// below one millisecond (nothing is written) or the key already holds this
-// or a newer generation. Errors: a call that exceeded the store's timeout
-// ("queue.MarkerStore.Set timed out after 5s: ...", wrapping
-// context.DeadlineExceeded); ErrBadMarker naming the key when the key holds
-// a value that is not a generation by Get's rule (ASCII digits only, at
-// most math.MaxInt64) or is not a string (it is left as is);
-// jobs.ErrInvalidArgument for a negative generation (nothing sent); any
-// other Redis error, wrapped.
-func (s *MarkerStore) Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (set bool, err error) {
-	ms := ttl.Milliseconds()
-	if ms <= 0 {
-		return false, nil
-	}
-	if generation < 0 {
-		return false, negativeGeneration("Set", jobID, generation)
-	}
-	key := MarkerKey(jobID)
-	ctx, done := s.op(ctx, "Set")
-	n, err := setMarkerScript.Run(ctx, s.client, []string{key},
-		strconv.FormatInt(generation, 10), ms).Int64()
-	if err != nil {
-		return false, done(badMarkerReply(key, err))
-	}
-	switch n {
-	case 1:
-		return true, done(nil)
-	case 0:
-		return false, done(nil)
-	}
-	return false, done(fmt.Errorf("key %s: %w", key, ErrBadMarker))
-}
-
 // Get returns the generation jobID's marker records. found is false (and
 // err nil) when no marker exists: none was set, or it expired.
 //
@@ -225,7 +117,7 @@ func (s *MarkerStore) Get(ctx context.Context, jobID string) (generation int64, 
 		return 0, false, done(nil)
 	}
 	if err != nil {
-		return 0, false, done(badMarkerReply(key, err))
+		return 0, false, done(redisop.KeyError(key, err, ErrBadMarker))
 	}
 	g, ok := parseGeneration(v)
 	if !ok {
@@ -239,34 +131,5 @@ func (s *MarkerStore) Get(ctx context.Context, jobID string) (generation int64, 
 // and wraps context.DeadlineExceeded (go-redis may report the deadline as a
 // network i/o timeout instead).
 func (s *MarkerStore) op(ctx context.Context, name string) (context.Context, func(error) error) {
-	return opTimeout(ctx, "queue.MarkerStore."+name, s.opTimeout)
-}
-
-// opTimeout derives a context that expires after d and returns it with a
-// func that maps the call's error: nil stays nil; a call cut off by this
-// timeout (not by the caller's context or an earlier caller deadline) reads
-// "<op> timed out after <d>" and wraps context.DeadlineExceeded; anything
-// else reads "<op>: <err>".
-//
-// The timeout is judged by the clock, not only by ctx.Err(): go-redis sets
-// the socket deadline from ctx, and the socket's i/o timeout can be
-// reported a moment before the context's own timer marks it done.
-func opTimeout(parent context.Context, op string, d time.Duration) (context.Context, func(error) error) {
-	own := time.Now().Add(d)
-	ctx, cancel := context.WithDeadline(parent, own)
-	return ctx, func(err error) error {
-		defer cancel()
-		if err == nil {
-			return nil
-		}
-		pdl, hasPDL := parent.Deadline()
-		callerFirst := parent.Err() != nil || (hasPDL && !pdl.After(own))
-		if !callerFirst && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(own)) {
-			if errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("%s timed out after %s: %w", op, d, err)
-			}
-			return fmt.Errorf("%s timed out after %s: %w: %w", op, d, context.DeadlineExceeded, err)
-		}
-		return fmt.Errorf("%s: %w", op, err)
-	}
+	return redisop.Timeout(ctx, "queue.MarkerStore."+name, s.opTimeout)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -17,7 +18,7 @@ import (
 // check runs every invariant on the interleaving and records violations.
 func (r *raceRun) check(ctx context.Context) {
 	rec := r.rec
-	rows, err := r.s.wide.Pool.Query(ctx, raceCheckSQL, r.ids, jobs.Interval(r.plan.stall))
+	rows, err := r.s.wide.Pool.Query(ctx, raceCheckSQL, r.ids, pgcore.Interval(r.plan.stall))
 	if err != nil {
 		rec.lockedViolate("running the checks: %v", err)
 		return

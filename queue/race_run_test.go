@@ -138,11 +138,11 @@ func (r *raceRun) race(ctx context.Context) {
 // with marker writes that fail when ps says so.
 func (r *raceRun) pass(ctx context.Context, ps passPlan) {
 	ps.before.wait()
-	var m reaper.Markers = r.s.markers
+	var m reaper.Markers = r.s.writer
 	if ps.markersFail {
 		m = &failingMarkers{rec: r.rec}
 	}
-	rp := reaper.New(r.s.store, r.s.lister, m, reaper.Options{
+	rp := reaper.New(r.s.daemon, r.s.lister, m, reaper.Options{
 		Queues: []string{raceQueue, raceLiveQueue}, Rule: raceRule(r.plan.stall), Logger: r.log, Asynq: r.s.asynq,
 	})
 	res, err := rp.RunOnce(ctx)

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -21,8 +23,8 @@ import (
 // raceRule is the stall rule of the passes of an interleaving whose plan
 // draws stall: every job type's max_runtime is 1 microsecond, so a job is
 // stalled once it made no progress for stall.
-func raceRule(stall time.Duration) jobs.StallRule {
-	return jobs.StallRule{DefaultStallTimeout: stall, MinStallTimeout: time.Microsecond, DefaultHardTimeout: jobs.HardTimeoutDefault}
+func raceRule(stall time.Duration) pgstore.StallRule {
+	return pgstore.StallRule{DefaultStallTimeout: stall, MinStallTimeout: time.Microsecond, DefaultHardTimeout: jobs.HardTimeoutDefault}
 }
 
 // raceSchema records, with the transaction that made it, every write of
@@ -104,13 +106,18 @@ type raceSuite struct {
 	db *jobstest.DB
 	// wide is db on a pool with room for every goroutine of an
 	// interleaving, for the product's own statements (jobstest's flows).
-	wide    *jobstest.DB
-	store   *jobs.Store
+	wide  *jobstest.DB
+	store *jobs.Store
+	// daemon is the reaper's and the operator commands' store over the
+	// same pool and cascades.
+	daemon  *pgstore.Store
 	rc      *redis.Client
 	markers *queue.MarkerStore
-	lister  *queue.IDLister
-	asynq   *queue.StatusReader
-	hbs     [workers]*jobs.Heartbeater
+	// writer writes markers as the reaper does.
+	writer *asynqstate.MarkerWriter
+	lister *asynqstate.IDLister
+	asynq  *asynqstate.StatusReader
+	hbs    [workers]*jobs.Heartbeater
 	// next numbers the interleavings, for job IDs that no other
 	// interleaving (or shrinking run) of the test uses.
 	next atomic.Int64
@@ -141,6 +148,7 @@ func newRaceSuite(t *testing.T) *raceSuite {
 	wide.Pool = pool
 	s := &raceSuite{db: db, wide: &wide, seen: map[string]int{}}
 	s.store = jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithCascades(raceCascades()), jobs.WithEventsDB(events))
+	s.daemon = pgstore.New(pool, pgstore.WithSchema(db.Schema), pgstore.WithCascades(raceCascades()))
 	if err := s.store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -148,13 +156,14 @@ func newRaceSuite(t *testing.T) *raceSuite {
 	srv := redistest.Start(t)
 	s.rc = srv.Client(t)
 	var err error
+	s.writer = asynqstate.NewMarkerWriter(s.rc, 0)
 	if s.markers, err = queue.NewMarkerStore(s.rc); err != nil {
 		t.Fatal(err)
 	}
-	if s.lister, err = queue.NewIDLister(s.rc); err != nil {
+	if s.lister, err = asynqstate.NewIDLister(s.rc); err != nil {
 		t.Fatal(err)
 	}
-	s.asynq = queue.NewStatusReader(s.rc, 0)
+	s.asynq = asynqstate.NewStatusReader(s.rc, 0)
 	serveRaceLiveQueue(t, s.rc, s.asynq)
 	for w := range s.hbs {
 		// One Heartbeater per worker process; its limiter lets every call
@@ -169,7 +178,7 @@ func newRaceSuite(t *testing.T) *raceSuite {
 // serveRaceLiveQueue runs an asynq server serving raceLiveQueue on rc,
 // stopped at cleanup, enqueues one task there (asynq knows a queue from
 // its first enqueue) and waits until the server is live.
-func serveRaceLiveQueue(t *testing.T, rc *redis.Client, reader *queue.StatusReader) {
+func serveRaceLiveQueue(t *testing.T, rc *redis.Client, reader *asynqstate.StatusReader) {
 	t.Helper()
 	srv := asynq.NewServerFromRedisClient(rc, asynq.Config{Queues: map[string]int{raceLiveQueue: 1},
 		LogLevel: asynq.FatalLevel, ShutdownTimeout: time.Second})

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -100,12 +102,12 @@ type failingMarkers struct{ rec *records }
 var errRedisDown = errors.New("redis: connection refused")
 
 func (f *failingMarkers) Set(_ context.Context, jobID string, generation int64, ttl time.Duration) (bool, error) {
-	f.failed(queue.MarkerWrite{JobID: jobID, Generation: generation, TTL: ttl})
+	f.failed(asynqstate.MarkerWrite{JobID: jobID, Generation: generation, TTL: ttl})
 	return false, errRedisDown
 }
 
-func (f *failingMarkers) SetMany(_ context.Context, writes []queue.MarkerWrite) []queue.MarkerResult {
-	out := make([]queue.MarkerResult, len(writes))
+func (f *failingMarkers) SetMany(_ context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult {
+	out := make([]asynqstate.MarkerResult, len(writes))
 	for i, w := range writes {
 		f.failed(w)
 		out[i].Err = errRedisDown
@@ -113,7 +115,7 @@ func (f *failingMarkers) SetMany(_ context.Context, writes []queue.MarkerWrite) 
 	return out
 }
 
-func (f *failingMarkers) failed(w queue.MarkerWrite) {
+func (f *failingMarkers) failed(w asynqstate.MarkerWrite) {
 	if w.TTL == queue.MarkerTTL {
 		f.rec.note(func() { f.rec.markerWritesFailed[attemptRef{w.JobID, w.Generation}] = true })
 	}
@@ -333,8 +335,8 @@ func (r *raceRun) requeue(ctx context.Context, id string, d jitter) {
 	if sn.Status != jobs.StatusFailed {
 		return
 	}
-	_, err = r.s.store.Requeue(ctx, jobs.RequeueParams{JobID: id, Status: sn.Status, Generation: sn.Generation, Reason: "race suite"})
-	if err != nil && !errors.Is(err, jobs.ErrChangedSinceRead) {
+	_, err = r.s.daemon.Requeue(ctx, pgstore.RequeueParams{JobID: id, Status: sn.Status, Generation: sn.Generation, Reason: "race suite"})
+	if err != nil && !errors.Is(err, pgstore.ErrChangedSinceRead) {
 		r.rec.lockedViolate("requeueing %s: %v", id, err)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/redact"
 )
 
 // ErrBadRedisURL is wrapped by ParseRedisURL's errors.
@@ -64,8 +64,8 @@ type RedisClientOptions struct {
 //
 // The client has ContextTimeoutEnabled set (see NewMarkerStore). asynq
 // takes it (asynq.NewServerFromRedisClient, NewClientFromRedisClient,
-// NewInspectorFromRedisClient), as do NewMarkerStore, NewIDLister and
-// NewEnqueuer. The caller closes it.
+// NewInspectorFromRedisClient), as do NewMarkerStore and NewEnqueuer (and
+// the daemon's listers and marker writes). The caller closes it.
 //
 // A password given as a query parameter (password=, sentinel_password=) is
 // refused, since query strings are printed in full; put it in the URL's
@@ -74,13 +74,13 @@ type RedisClientOptions struct {
 func NewRedisClient(raw string, o RedisClientOptions) (redis.UniversalClient, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, "", fmt.Errorf("redis URL %s: %w", jobs.RedactURL(raw), ErrBadRedisURL)
+		return nil, "", fmt.Errorf("redis URL %s: %w", redact.URL(raw), ErrBadRedisURL)
 	}
 	q := u.Query()
 	for _, k := range []string{"password", "sentinel_password"} {
 		if q.Has(k) {
 			return nil, "", fmt.Errorf("redis URL %s: a password as the query parameter %s is printed in full in logs; put it in the user information (redis://:PASSWORD@host): %w",
-				jobs.RedactURL(raw), k, ErrBadRedisURL)
+				redact.URL(raw), k, ErrBadRedisURL)
 		}
 	}
 	redact := func(err error) error {
@@ -88,7 +88,7 @@ func NewRedisClient(raw string, o RedisClientOptions) (redis.UniversalClient, st
 		if pw, ok := u.User.Password(); ok && pw != "" {
 			msg = strings.ReplaceAll(msg, pw, "xxxxx")
 		}
-		return fmt.Errorf("redis URL %s: %s: %w", jobs.RedactURL(raw), msg, ErrBadRedisURL)
+		return fmt.Errorf("redis URL %s: %s: %w", redact.URL(raw), msg, ErrBadRedisURL)
 	}
 	var uo *redis.UniversalOptions
 	topology := TopologySingle

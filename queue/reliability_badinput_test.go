@@ -165,7 +165,7 @@ func TestReliabilityBadInput_Enqueue(t *testing.T) {
 			}
 		})
 	}
-	if known, err := rc.SIsMember(t.Context(), asynqQueuesKey, queue).Result(); err != nil || known {
+	if known, err := rc.SIsMember(t.Context(), "asynq:queues", queue).Result(); err != nil || known {
 		t.Fatalf("queue %s known to asynq: %v (%v); want nothing ever enqueued there", queue, known, err)
 	}
 	if n := b.db.Count(t, `SELECT count(*) FROM job_events`); n != before {

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -20,7 +21,7 @@ import (
 // spans its load batches, so failing the whole reap batch would take the
 // other stalled job with it).
 type failingStore struct {
-	*jobs.Store
+	*pgstore.Store
 	loadFails, reapFails string
 }
 
@@ -31,11 +32,11 @@ func (s *failingStore) LoadForTasks(ctx context.Context, ids []string) (map[stri
 	return s.Store.LoadForTasks(ctx, ids)
 }
 
-func (s *failingStore) ReapBatch(ctx context.Context, p jobs.ReapBatchParams) (jobs.ReapBatchResult, error) {
-	var failed []jobs.ReapFailure
-	p.Candidates = slices.DeleteFunc(slices.Clone(p.Candidates), func(c jobs.ReapCandidate) bool {
+func (s *failingStore) ReapBatch(ctx context.Context, p pgstore.ReapBatchParams) (pgstore.ReapBatchResult, error) {
+	var failed []pgstore.ReapFailure
+	p.Candidates = slices.DeleteFunc(slices.Clone(p.Candidates), func(c pgstore.ReapCandidate) bool {
 		if c.JobID == s.reapFails {
-			failed = append(failed, jobs.ReapFailure{JobID: c.JobID, Err: errors.New("conn closed")})
+			failed = append(failed, pgstore.ReapFailure{JobID: c.JobID, Err: errors.New("conn closed")})
 			return true
 		}
 		return false
@@ -64,10 +65,10 @@ func TestScannedByAccountsForEveryScannedTask(t *testing.T) {
 	// no_queue in skipped; it was never scanned.
 	b.db.Insert(t, jobstest.Job{ID: "noqueue", Type: "report.export", Generation: 1,
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	b.lister.queues["a"] = queue.ActiveTasks{IDs: []string{"stalled", "running", "running", "ghost", "loadfails", "reapfails"},
+	b.lister.queues["a"] = asynqstate.ActiveTasks{IDs: []string{"stalled", "running", "running", "ghost", "loadfails", "reapfails"},
 		EmptyIDs: 1, NoLease: []string{"nolease"}}
-	b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"stalled", "bad\x00id"}}
-	store := &failingStore{Store: b.db.Store(), loadFails: "loadfails", reapFails: "reapfails"}
+	b.lister.queues["b"] = asynqstate.ActiveTasks{IDs: []string{"stalled", "bad\x00id"}}
+	store := &failingStore{Store: b.db.Daemon(), loadFails: "loadfails", reapFails: "reapfails"}
 	r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 		Queues: []string{"a", "b"}, LoadBatch: 1})
 

@@ -3,6 +3,7 @@ package reaper
 import (
 	"strings"
 
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -39,7 +40,7 @@ func (r *Reaper) warnBadIDs(queue string, bad []string) {
 	}
 	shown := make([]string, 0, min(len(bad), badIDsShown))
 	for _, id := range bad[:min(len(bad), badIDsShown)] {
-		shown = append(shown, jobs.QuoteID(id))
+		shown = append(shown, idcheck.QuoteID(id))
 	}
 	r.log.Warn("active tasks skipped: their IDs cannot be job IDs (NUL byte, invalid UTF-8 or over the length limit); another producer shares this Redis?",
 		"queue", queue, "reason", SkipBadJobID, "count", len(bad), "job_ids", strings.Join(shown, " "))

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -33,7 +33,7 @@ func TestRowThatCannotBeReadIsSkippedAndTheOthersAreReaped(t *testing.T) {
 			b.db.Exec(t, `UPDATE jobs SET `+tc.set+` WHERE id IN ('J-bad', 'L-bad')`)
 			badBefore := rawRow(t, b, "J-bad")
 			// J-* are active; L-* are not, and asynq has no task for them.
-			b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J-a", "J-bad", "J-c"}}
+			b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J-a", "J-bad", "J-c"}}
 
 			res, err := runOnce(t, ctx, b.reaper)
 			if err != nil {

@@ -9,9 +9,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -49,12 +49,9 @@ SELECT 'job-' || i, 'report.export', 'PROCESSING', 1, 'default', now(), now()
 			mr := miniredis.RunT(b)
 			rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 			b.Cleanup(func() { _ = rdb.Close() })
-			markers, err := queue.NewMarkerStore(rdb)
-			if err != nil {
-				b.Fatal(err)
-			}
-			lister := &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: ids}}}
-			r := reaper.New(db.Store(), lister, markers, reaper.Options{Rule: baselineRule})
+			markers := newMarkers(b, rdb)
+			lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {IDs: ids}}}
+			r := reaper.New(db.Daemon(), lister, markers, reaper.Options{Rule: baselineRule})
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {

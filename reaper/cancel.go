@@ -3,11 +3,11 @@ package reaper
 import (
 	"context"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
 // Canceller publishes asynq's cancels of running handlers, in pipelines;
-// *queue.Canceller satisfies it.
+// *asynqstate.Canceller satisfies it.
 type Canceller interface {
 	Cancel(ctx context.Context, ids []string) (sent int, err error)
 }
@@ -25,7 +25,7 @@ type Canceller interface {
 // cancels are sent even when the pass is being stopped. A failed publish
 // is logged, not an error of the pass: the reap stands, and the guard
 // refuses the task's next delivery either way.
-func (r *Reaper) cancelHandlers(ctx context.Context, reaped []jobs.ReapedJob) {
+func (r *Reaper) cancelHandlers(ctx context.Context, reaped []pgstore.ReapedJob) {
 	if r.opts.Canceller == nil || len(reaped) == 0 {
 		return
 	}

@@ -13,9 +13,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -47,7 +49,7 @@ func serve(t *testing.T, rc redis.UniversalClient, queues []string, handler asyn
 // waitLive waits until a live server serves q in rc's database.
 func waitLive(t *testing.T, rc redis.UniversalClient, q string) {
 	t.Helper()
-	reader := queue.NewStatusReader(rc, 0)
+	reader := asynqstate.NewStatusReader(rc, 0)
 	jobstest.Eventually(t, "a live server serves "+q, func() bool {
 		live, err := reader.LiveQueues(context.Background())
 		return err == nil && live[q]
@@ -94,7 +96,7 @@ func stalledRows(t *testing.T, db *jobstest.DB, q string, idle time.Duration, id
 	t.Helper()
 	db.Exec(t, `INSERT INTO jobs (id, type, status, generation, queue, worker, started_at, updated_at)
 SELECT id, 'report.export', 'PROCESSING', 1, nullif($2, ''), 'w-dead', now() - interval '2 hours', now() - $3::interval
-  FROM unnest($1::text[]) AS id`, ids, q, jobs.Interval(idle))
+  FROM unnest($1::text[]) AS id`, ids, q, pgcore.Interval(idle))
 }
 
 func idsOf(prefix string, n int) []string {
@@ -108,13 +110,13 @@ func idsOf(prefix string, n int) []string {
 // lostReaper is a daemon's Reaper on o's database reading asynq in rc.
 func (o *ownRedis) lostReaper(t *testing.T, rc redis.UniversalClient, set func(*reaper.Options)) *reaper.Reaper {
 	t.Helper()
-	lister, err := queue.NewIDLister(rc)
+	lister, err := asynqstate.NewIDLister(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return o.reaper(t, lister, func(opts *reaper.Options) {
 		opts.Queues = nil
-		opts.Asynq = queue.NewStatusReader(rc, 0)
+		opts.Asynq = asynqstate.NewStatusReader(rc, 0)
 		if set != nil {
 			set(opts)
 		}
@@ -147,7 +149,7 @@ func TestCase_B26_SkippedCandidatesNeverHideALostJob(t *testing.T) {
 	waitLive(t, o.rc, "exports")
 
 	r := o.lostReaper(t, o.rc, nil)
-	limit := (2001 + jobs.LostCandidatesLimitDefault - 1) / jobs.LostCandidatesLimitDefault
+	limit := (2001 + pgstore.LostCandidatesLimitDefault - 1) / pgstore.LostCandidatesLimitDefault
 	for pass := 1; o.db.Read(t, "J26").Status != jobs.StatusFailed; pass++ {
 		if pass > limit {
 			t.Fatalf("J26 is not reaped after %d passes", limit)

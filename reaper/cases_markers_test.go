@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -76,7 +77,7 @@ func TestCase_B38_OneBadMarkerKeyDoesNotStopTheRepair(t *testing.T) {
 			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 	}
 	a.activate(t, q, x1, y1, x2, y2)
-	lister, err := queue.NewInspectorLister(a.insp)
+	lister, err := asynqstate.NewInspectorLister(a.insp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,15 +85,12 @@ func TestCase_B38_OneBadMarkerKeyDoesNotStopTheRepair(t *testing.T) {
 	metrics := reaper.NewMetrics(reg)
 	logs := &logBuffer{}
 	newReaper := func(rc redis.UniversalClient) *reaper.Reaper {
-		markers, err := queue.NewMarkerStore(rc, queue.WithMarkerOpTimeout(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		markers := asynqstate.NewMarkerWriter(rc, 2*time.Second)
 		log := slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 		// The live server serveBlocking runs serves q in a.rc: marker
 		// repair is not held.
-		return reaper.New(db.Store(), lister, markers, reaper.Options{Queues: []string{q}, Rule: baselineRule, Logger: log, Metrics: metrics,
-			Asynq: queue.NewStatusReader(a.rc, 0)})
+		return reaper.New(db.Daemon(), lister, markers, reaper.Options{Queues: []string{q}, Rule: baselineRule, Logger: log, Metrics: metrics,
+			Asynq: asynqstate.NewStatusReader(a.rc, 0)})
 	}
 	markersFailed := func() float64 { return metricValue(t, reg, "jobreaper_markers_failed_total", nil) }
 

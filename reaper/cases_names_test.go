@@ -8,9 +8,9 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -171,7 +171,7 @@ func TestReapOfATypeNoLabelCanHoldIsCountedUnderInvalid(t *testing.T) {
 	b.db.JobType(t, long, "30 minutes", "", "")
 	b.db.Insert(t, jobstest.Job{ID: "J1", Type: long, Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 	res, err := runOnce(t, t.Context(), b.reaper)
 	if err != nil || res.Reaped != 1 {
 		t.Fatalf("pass = %+v, %v; want J1 reaped", res, err)

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -34,7 +36,7 @@ const (
 	outageLength = outageStall + outageHeartbeat
 )
 
-var outageRule = jobs.StallRule{DefaultStallTimeout: outageStall, MinStallTimeout: 2*outageHeartbeat + outageInterval,
+var outageRule = pgstore.StallRule{DefaultStallTimeout: outageStall, MinStallTimeout: 2*outageHeartbeat + outageInterval,
 	DefaultHardTimeout: jobs.HardTimeoutDefault}
 
 // outageWorkers are asynq workers on the real Redis whose handlers, run
@@ -51,7 +53,7 @@ type outageWorkers struct {
 }
 
 // startOutageWorkers runs the workers on store (the workers' own pool).
-func startOutageWorkers(t *testing.T, a *realAsynq, q string, store *jobs.Store, markers *queue.MarkerStore, concurrency int) *outageWorkers {
+func startOutageWorkers(t *testing.T, a *realAsynq, q string, store *jobs.Store, markers queue.MarkerReader, concurrency int) *outageWorkers {
 	t.Helper()
 	hb, err := jobs.NewHeartbeater(store, nil, outageHeartbeat)
 	if err != nil {
@@ -196,7 +198,7 @@ type outageDB struct {
 
 func (d outageDB) table(name string) string { return pgx.Identifier{d.schema, name}.Sanitize() }
 
-func (d outageDB) store() *jobs.Store { return jobs.NewStore(d.pool, jobs.WithSchema(d.schema)) }
+func (d outageDB) store() *pgstore.Store { return pgstore.New(d.pool, pgstore.WithSchema(d.schema)) }
 
 // now reads the database clock.
 func (d outageDB) now(t *testing.T) time.Time {
@@ -230,9 +232,9 @@ func (d outageDB) outage(t *testing.T) (end time.Time, cause string) {
 }
 
 // evidence reads the evidence of job id's reaped event.
-func (d outageDB) evidence(t *testing.T, id string) jobs.Evidence {
+func (d outageDB) evidence(t *testing.T, id string) pgstore.Evidence {
 	t.Helper()
-	var ev jobs.Evidence
+	var ev pgstore.Evidence
 	if err := d.pool.QueryRow(t.Context(), `SELECT detail FROM `+d.table("job_events")+` WHERE job_id = $1 AND kind = 'reaped'`, id).
 		Scan(&ev); err != nil {
 		t.Fatalf("reading the reaped event of %s: %v", id, err)
@@ -300,9 +302,9 @@ func runSharedOutage(t *testing.T, nLive int, withHung bool) *sharedOutage {
 	// The workers' pool and the daemon's, each cut on its own.
 	workerCut := o.db.Cuttable(t)
 	workerStore := jobs.NewStore(workerCut.Pool, jobs.WithSchema(o.db.Schema), jobs.WithOpTimeout(2*time.Second))
-	watch := jobs.NewConnWatch(2 * time.Second)
+	watch := pgstore.NewConnWatch(2 * time.Second)
 	daemonCut := o.db.Cuttable(t, watch.Install)
-	daemonStore := jobs.NewStore(daemonCut.Pool, jobs.WithSchema(o.db.Schema), jobs.WithOpTimeout(2*time.Second), jobs.WithConnWatch(watch))
+	daemonStore := pgstore.New(daemonCut.Pool, pgstore.WithSchema(o.db.Schema), pgstore.WithOpTimeout(2*time.Second), pgstore.WithConnWatch(watch))
 
 	w := startOutageWorkers(t, a, q, workerStore, markers, len(ids)+2)
 	w.enqueue(t, o.admin, ids)
@@ -310,13 +312,13 @@ func runSharedOutage(t *testing.T, nLive int, withHung bool) *sharedOutage {
 		return o.admin.count(t, `j.status = 'PROCESSING' AND j.progress_mark > 0 AND j.started_at < now() - interval '1 second'`, ids) == len(ids)
 	})
 
-	lister, err := queue.NewIDLister(a.rc)
+	lister, err := asynqstate.NewIDLister(a.rc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o.reg = prometheus.NewRegistry()
 	r := reaper.New(daemonStore, lister, markers, reaper.Options{Queues: []string{q}, Interval: outageInterval, Rule: outageRule,
-		OutageGrace: true, Logger: testLogger(t), Metrics: reaper.NewMetrics(o.reg), Asynq: queue.NewStatusReader(a.rc, 0)})
+		OutageGrace: true, Logger: testLogger(t), Metrics: reaper.NewMetrics(o.reg), Asynq: asynqstate.NewStatusReader(a.rc, 0)})
 	start := time.Now()
 	o.loop = startPassLoop(t, r)
 	for _, res := range o.loop.waitPasses(t, start, 2) {
@@ -442,14 +444,14 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	if err := db.Pool.QueryRow(ctx, `SELECT outage_end FROM reaper_outages`).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	watch := jobs.NewConnWatch(2 * time.Second)
+	watch := pgstore.NewConnWatch(2 * time.Second)
 	daemonCut := db.Cuttable(t, watch.Install)
-	store := jobs.NewStore(daemonCut.Pool, jobs.WithSchema(db.Schema), jobs.WithConnWatch(watch),
-		jobs.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{`SELECT fail_for(@job_id)`}}}))
+	store := pgstore.New(daemonCut.Pool, pgstore.WithSchema(db.Schema), pgstore.WithConnWatch(watch),
+		pgstore.WithCascades(jobs.Cascades{"report.export": {OnFailed: []string{`SELECT fail_for(@job_id)`}}}))
 	if err := store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
-	lister := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}, failed: map[string]error{}}
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"q": {}}, failed: map[string]error{}}
 	reg := prometheus.NewRegistry()
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: []string{"q"}, Rule: baselineRule,
 		OutageGrace: true, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
@@ -458,7 +460,7 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	for pass := 1; pass <= 3; pass++ {
 		ok := fmt.Sprintf("ok-%d", pass)
 		stalledRows(t, db, "q", 21*time.Minute, ok)
-		lister.queues["q"] = queue.ActiveTasks{IDs: append([]string{ok}, broken...)}
+		lister.queues["q"] = asynqstate.ActiveTasks{IDs: append([]string{ok}, broken...)}
 		res, err := r.RunOnce(ctx)
 		if err != nil || res.Reaped != 1 || res.Errors != len(broken) || res.Skipped[string(reaper.SkipOutageGrace)] != 0 {
 			t.Fatalf("pass %d = %+v, %v; want %s reaped, the broken cascades' errors, nothing held", pass, res, err, ok)
@@ -470,7 +472,7 @@ SELECT current_database(), now() - interval '1 day', 'first_record', (SELECT tim
 	// One more pass (the broken jobs, no longer active, fail again in the
 	// lost-task search): it would record an outage end had the cascade's
 	// errors counted as lost connections.
-	lister.queues["q"] = queue.ActiveTasks{}
+	lister.queues["q"] = asynqstate.ActiveTasks{}
 	if res, err := r.RunOnce(ctx); err != nil || res.Reaped != 0 {
 		t.Fatalf("the pass after = %+v, %v", res, err)
 	}
@@ -530,15 +532,15 @@ func TestCase_B47_ARestartWhileTheDaemonWasDown(t *testing.T) {
 	waitFor(t, 60*time.Second, "every job is claimed, heartbeating and past max_runtime", func() bool {
 		return admin.count(t, `j.status = 'PROCESSING' AND j.progress_mark > 0 AND j.started_at < now() - interval '1 second'`, live) == len(live)
 	})
-	lister, err := queue.NewIDLister(a.rc)
+	lister, err := asynqstate.NewIDLister(a.rc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	daemon := func() *reaper.Reaper {
-		watch := jobs.NewConnWatch(2 * time.Second)
-		s := jobs.NewStore(connect(watch.Install), jobs.WithSchema(schema), jobs.WithOpTimeout(2*time.Second), jobs.WithConnWatch(watch))
+		watch := pgstore.NewConnWatch(2 * time.Second)
+		s := pgstore.New(connect(watch.Install), pgstore.WithSchema(schema), pgstore.WithOpTimeout(2*time.Second), pgstore.WithConnWatch(watch))
 		return reaper.New(s, lister, markers, reaper.Options{Queues: []string{q}, Interval: outageInterval, Rule: outageRule,
-			OutageGrace: true, Logger: testLogger(t), Asynq: queue.NewStatusReader(a.rc, 0)})
+			OutageGrace: true, Logger: testLogger(t), Asynq: asynqstate.NewStatusReader(a.rc, 0)})
 	}
 
 	first := daemon()

@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -109,16 +111,13 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 	a.activate(t, qB, jB)
 	a.activate(t, qC, jC)
 
-	lister, err := queue.NewInspectorLister(a.insp)
+	lister, err := asynqstate.NewInspectorLister(a.insp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	markers, err := queue.NewMarkerStore(a.rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	markers := newMarkers(t, a.rc)
 	reg := prometheus.NewRegistry()
-	r := reaper.New(db.Store(), lister, markers, reaper.Options{
+	r := reaper.New(db.Daemon(), lister, markers, reaper.Options{
 		Queues: []string{qOdd, qB, qC}, Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg),
 	})
 	res, err := runOnce(t, ctx, r)
@@ -144,7 +143,7 @@ func TestCase_B33_OddTaskIDDoesNotStopTheReaps(t *testing.T) {
 // failingLoadStore fails the load of every batch that holds one of its
 // IDs, as PostgreSQL does for a batch holding an ID it cannot store.
 type failingLoadStore struct {
-	*jobs.Store
+	*pgstore.Store
 	poison string
 }
 
@@ -165,8 +164,8 @@ func TestCase_B33_FailedBatchLoadStopsNeitherOtherBatchesNorTheLostTaskSearch(t 
 	for _, id := range []string{"J1", "J2", "J3", "J4"} {
 		b.stalled(t, id)
 	}
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1", "J2", "J3"}}
-	r := reaper.New(&failingLoadStore{Store: b.db.Store(), poison: "J2"}, b.lister, b.markers,
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1", "J2", "J3"}}
+	r := reaper.New(&failingLoadStore{Store: b.db.Daemon(), poison: "J2"}, b.lister, b.markers,
 		reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics, LoadBatch: 1})
 	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Reaped != 3 || res.ReapedBy["stalled"] != 2 || res.ReapedBy["lost_task"] != 1 || res.Errors != 1 {

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -25,7 +27,7 @@ type ownRedis struct {
 	srv     *redistest.Server
 	rc      *redis.Client
 	db      *jobstest.DB
-	markers *queue.MarkerStore
+	markers *markerStore
 	reg     *prometheus.Registry
 	metrics *reaper.Metrics
 	logs    *evictionLogs
@@ -45,12 +47,12 @@ func newOwnRedis(t *testing.T, args ...string) *ownRedis {
 func (o *ownRedis) reaper(t *testing.T, lister reaper.Lister, set func(*reaper.Options)) *reaper.Reaper {
 	t.Helper()
 	opts := reaper.Options{Queues: []string{"q"}, Rule: baselineRule, Metrics: o.metrics,
-		Eviction: queue.NewPolicyReader(o.rc, 0),
+		Eviction: asynqstate.NewPolicyReader(o.rc, 0),
 		Logger:   slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, o.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if set != nil {
 		set(&opts)
 	}
-	return reaper.New(o.db.Store(), lister, o.markers, opts)
+	return reaper.New(o.db.Daemon(), lister, o.markers, opts)
 }
 
 // reapOne reaps job id (stalled, listed active in queue "q") by a real
@@ -60,7 +62,7 @@ func (o *ownRedis) reapOne(t *testing.T, id string, ago time.Duration) {
 	t.Helper()
 	o.db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: "q",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	lister := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {IDs: []string{id}}}}
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"q": {IDs: []string{id}}}}
 	res, err := runOnce(t, t.Context(), o.reaper(t, lister, nil))
 	if err != nil || res.Reaped != 1 {
 		t.Fatalf("reaping %s: %+v, %v", id, res, err)
@@ -69,7 +71,7 @@ func (o *ownRedis) reapOne(t *testing.T, id string, ago time.Duration) {
 		t.Fatalf("%s's marker write was not confirmed", id)
 	}
 	o.db.Exec(t, `UPDATE jobs SET finished_at = finished_at - $2::interval, marker_set_at = marker_set_at - $2::interval WHERE id = $1`,
-		id, jobs.Interval(ago))
+		id, pgcore.Interval(ago))
 }
 
 // ttl returns the marker's TTL in seconds (-2: no key).
@@ -134,7 +136,7 @@ func TestCase_B21_FailoverLosesAConfirmedMarker(t *testing.T) {
 	}
 	o.requireGuardRefuses(t, j21)
 
-	idle := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}}
+	idle := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"q": {}}}
 	res, err := runOnce(t, ctx, o.reaper(t, idle, func(opts *reaper.Options) { opts.Once = true }))
 	if err != nil || res.MarkersRestored != 1 || res.Errors != 0 {
 		t.Fatalf("pass = %+v, %v; want exactly J21's marker restored", res, err)
@@ -173,7 +175,7 @@ func TestCase_B21_EveryMarkerIsReassertedWithinTheWindow(t *testing.T) {
 SELECT 'W' || lpad(i::text, 4, '0'), 'report.export', 'FAILED', 1, 'q', 'stalled',
        now() - (i * interval '30 minutes'), now() - (i * interval '30 minutes')
   FROM generate_series(1, $1::int) AS i`, n)
-	idle := &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}}
+	idle := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"q": {}}}
 	r := o.reaper(t, idle, func(opts *reaper.Options) {
 		opts.Interval, opts.MarkerCheckWindow = time.Minute, time.Hour
 	})
@@ -221,7 +223,7 @@ func TestCase_B20_EvictedMarker(t *testing.T) {
 	if row := o.db.Read(t, "J20"); row.Status != jobs.StatusFailed || row.Generation != 1 {
 		t.Fatalf("J20 after the redelivery = %+v, want FAILED at generation 1", row)
 	}
-	res, err := runOnce(t, ctx, o.reaper(t, &fakeLister{queues: map[string]queue.ActiveTasks{"q": {}}}, func(opts *reaper.Options) { opts.Once = true }))
+	res, err := runOnce(t, ctx, o.reaper(t, &fakeLister{queues: map[string]asynqstate.ActiveTasks{"q": {}}}, func(opts *reaper.Options) { opts.Once = true }))
 	if err != nil || res.MarkersRestored != 1 {
 		t.Fatalf("pass = %+v, %v; want J20's marker restored", res, err)
 	}

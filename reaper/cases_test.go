@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -19,7 +20,7 @@ func TestCase_B12_ProgressingJobPastItsLimitIsNotReaped(t *testing.T) {
 	b := setup(t)
 	b.db.Insert(t, jobstest.Job{ID: "J12", Type: "crawl.site", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(3 * time.Hour), IdleAgo: 5 * time.Minute})
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J12"}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J12"}}
 	before := b.db.Read(t, "J12")
 	res, err := runOnce(t, context.Background(), b.reaper)
 	if err != nil || res.Reaped != 0 || res.Skipped["progressing"] != 1 {
@@ -50,7 +51,7 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		b.db.JobType(t, "video.transcode", "120 minutes", "5 minutes", "")
 		b.db.Insert(t, jobstest.Job{ID: "J15", Type: "video.transcode", Generation: 1,
 			StartedAgo: jobstest.Ago(125 * time.Minute), IdleAgo: 5*time.Minute + time.Second})
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J15"}}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J15"}}
 		res, err := runOnce(t, context.Background(), b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["bad_limits"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want J15 skipped as bad_limits", res, err)
@@ -58,11 +59,11 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		if row := b.db.Read(t, "J15"); row.Status != jobs.StatusProcessing {
 			t.Fatalf("J15 = %+v, want PROCESSING (0 FAILED writes)", row)
 		}
-		snap, err := b.db.Store().Get(context.Background(), "J15")
+		snap, err := b.db.Daemon().Get(context.Background(), "J15")
 		if err != nil {
 			t.Fatal(err)
 		}
-		now, _ := b.db.Store().Now(context.Background())
+		now, _ := b.db.Daemon().Now(context.Background())
 		v := reaper.Decide(&snap, now, baselineRule)
 		if want := "stall timeout 5m0s is below 2 x heartbeat interval + scan interval = 11m0s"; v.Why != want {
 			t.Fatalf("bad_limits rule = %q, want %q", v.Why, want)
@@ -75,7 +76,7 @@ func TestCase_B15_StallTimeoutOfOneHeartbeatIsSkippedAsBadLimits(t *testing.T) {
 		b.db.JobType(t, "video.transcode", "120 minutes", "", "")
 		b.db.Insert(t, jobstest.Job{ID: "J15", Type: "video.transcode", Generation: 1,
 			StartedAgo: jobstest.Ago(125 * time.Minute), IdleAgo: 5*time.Minute + time.Second})
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J15"}}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J15"}}
 		res, err := runOnce(t, context.Background(), b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["progressing"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want J15 skipped as progressing", res, err)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -41,7 +42,7 @@ const (
 	SkipProgressing SkipReason = "progressing"
 	// SkipOutageGrace: the job is stalled by its idle time (now -
 	// updated_at) but not by its idle time counted from the end of the last
-	// PostgreSQL outage (jobs.StallRule.OutageEnd): its worker could not
+	// PostgreSQL outage (pgstore.StallRule.OutageEnd): its worker could not
 	// write a heartbeat while PostgreSQL was unreachable, so it is held
 	// until one stall timeout after the outage ended.
 	SkipOutageGrace SkipReason = "outage_grace"
@@ -81,17 +82,17 @@ type Verdict struct {
 // stall timeout, idle time counted from the later of updated_at and
 // rule.OutageEnd (zero: from updated_at). A job stalled by now - updated_at
 // alone is skipped as SkipOutageGrace. now must be the database clock's
-// reading (jobs.Store.PassClock), since started_at and updated_at were
+// reading (pgstore.Store.PassClock), since started_at and updated_at were
 // written by it. snap is nil when the task has no row.
 //
-// The rule is applied in whole microseconds (jobs.StallRule.InMicroseconds),
+// The rule is applied in whole microseconds (pgstore.StallRule.InMicroseconds),
 // as PostgreSQL receives it: a configured duration with nanoseconds would
 // otherwise move the boundary by less than a microsecond on one side only.
 //
-// jobs.StallPredicate states the same rule in SQL; the boundary table in
+// pgstore.StallPredicate states the same rule in SQL; the boundary table in
 // decide_test.go and FuzzDecideMatchesStallPredicate hold the two to the
 // same answers.
-func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
+func Decide(snap *jobs.Snapshot, now time.Time, rule pgstore.StallRule) Verdict {
 	rule = rule.InMicroseconds()
 	switch {
 	case snap == nil:
@@ -122,7 +123,7 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 	// time.Duration's 292 years (the Verdict's durations stop there): a
 	// limit of '1000 years' against a started_at of 0001-01-01 gets
 	// StallPredicate's answer.
-	maxUs, stallUs, hardUs := snap.Limits.Micros()
+	maxUs, stallUs, hardUs := pgstore.LimitsMicros(snap.Limits)
 	if stallUs == nil {
 		stallUs = ptr(rule.DefaultStallTimeout.Microseconds())
 	}
@@ -133,7 +134,7 @@ func Decide(snap *jobs.Snapshot, now time.Time, rule jobs.StallRule) Verdict {
 	case *stallUs < rule.MinStallTimeout.Microseconds():
 		v.Skip = SkipBadLimits
 		v.Why = fmt.Sprintf("stall timeout %s is below 2 x heartbeat interval + scan interval = %s", v.StallTimeout, rule.MinStallTimeout)
-	case *hardUs <= jobs.AddMicros(maxUs, *stallUs):
+	case *hardUs <= pgstore.AddMicros(maxUs, *stallUs):
 		v.Skip = SkipBadLimits
 		v.Why = fmt.Sprintf("hard_timeout %s is not longer than max_runtime + stall timeout = %s: asynq would cancel and retry the task first",
 			hard, sumDuration(v.MaxRuntime, v.StallTimeout))
@@ -165,7 +166,7 @@ func microsBetween(from, to time.Time) int64 {
 	if secs < math.MinInt64/1_000_000 {
 		return math.MinInt64
 	}
-	return jobs.AddMicros(secs*1_000_000, int64(to.Nanosecond()/1e3-from.Nanosecond()/1e3))
+	return pgstore.AddMicros(secs*1_000_000, int64(to.Nanosecond()/1e3-from.Nanosecond()/1e3))
 }
 
 // sumDuration returns a + b, saturated at jobs.MaxDuration for a message.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -16,7 +18,7 @@ import (
 
 // baselineRule is CASES.md's baseline: stall timeout 15 min, heartbeat 5
 // min, interval 1 min, so the smallest sane stall timeout is 11 min.
-var baselineRule = jobs.StallRule{
+var baselineRule = pgstore.StallRule{
 	DefaultStallTimeout: 15 * time.Minute,
 	MinStallTimeout:     11 * time.Minute,
 	DefaultHardTimeout:  jobs.HardTimeoutDefault,
@@ -113,7 +115,7 @@ var boundaryTable = []boundaryCase{
 }
 
 // TestDecideAndReapAgreeOnBoundaries runs every row against the pure
-// Decide and against every SQL form of jobs.StallPredicate, the reap
+// Decide and against every SQL form of pgstore.StallPredicate, the reap
 // UPDATE, the set-based ListLostCandidates and StalledWithoutQueue, inside
 // one transaction, whose now() does not move, so all see the same clock to
 // the microsecond. All must give the row's answer.
@@ -131,7 +133,7 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			id, typ := fmt.Sprintf("job-%d", i), fmt.Sprintf("type-%d", i)
 			insertBoundaryRow(t, tx, tc, id, typ)
 
-			store := jobs.NewStore(tx, jobs.WithSchema(db.Schema))
+			store := pgstore.New(tx, pgstore.WithSchema(db.Schema))
 			now, err := store.Now(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -150,7 +152,7 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			if v.Reap != (tc.want == "") || v.Skip != tc.want {
 				t.Errorf("Decide = reap %v skip %q; want skip %q (runtime %v idle %v)", v.Reap, v.Skip, tc.want, v.Runtime, v.Idle)
 			}
-			lost, err := store.ListLostCandidates(ctx, jobs.LostCandidatesParams{Queues: []string{"boundary"}, Rule: rule})
+			lost, err := store.ListLostCandidates(ctx, pgstore.LostCandidatesParams{Queues: []string{"boundary"}, Rule: rule})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,7 +172,7 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = 'boundary' WHERE id = $1`, id); err != nil {
 				t.Fatal(err)
 			}
-			reaped, ev, err := store.Reap(ctx, jobs.ReapParams{JobID: id, Generation: snap.Generation,
+			reaped, ev, err := store.Reap(ctx, pgstore.ReapParams{JobID: id, Generation: snap.Generation,
 				UpdatedAt: snap.UpdatedAt, Reason: jobs.ReasonStalled, Rule: rule})
 			if err != nil {
 				t.Fatal(err)
@@ -212,13 +214,13 @@ VALUES ($1, $2::interval, nullif($3, '')::interval, nullif($4, '')::interval)`, 
 			t.Fatal(err)
 		}
 	}
-	started := any(jobs.Interval(tc.runtime))
+	started := any(pgcore.Interval(tc.runtime))
 	if tc.noStart {
 		started = nil
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, type, status, generation, queue, started_at, updated_at)
 VALUES ($1, $2, $3, 1, 'boundary', coalesce(nullif($6, '')::timestamptz, now() - $4::interval), now() - $5::interval)`,
-		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, jobs.Interval(tc.idle), tc.started); err != nil {
+		id, typ, cmp.Or(tc.status, jobs.StatusProcessing), started, pgcore.Interval(tc.idle), tc.started); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -232,7 +234,7 @@ func TestDecideJudgesTheRuleInWholeMicroseconds(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 	started := now.Add(-31 * time.Minute)
-	rule := jobs.StallRule{DefaultStallTimeout: 15*time.Minute - 31*time.Nanosecond,
+	rule := pgstore.StallRule{DefaultStallTimeout: 15*time.Minute - 31*time.Nanosecond,
 		MinStallTimeout: 11*time.Minute - 28*time.Nanosecond, DefaultHardTimeout: jobs.HardTimeoutDefault + 999*time.Nanosecond}
 	for _, tc := range []struct {
 		name string

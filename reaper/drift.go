@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
 // driftLogRepeat is how often a settings drift that lasts is logged
@@ -31,7 +31,7 @@ type driftState struct {
 // every driftLogRepeat while they last, and jobreaper_settings_drift is 1
 // until they agree again. Settings the leader's record lacks (an older
 // version) are said once at info level, and are no difference.
-func (l *LeaderLease) compareSettings(st jobs.LeaderLeaseState) {
+func (l *LeaderLease) compareSettings(st pgstore.LeaderLeaseState) {
 	if !st.Found || st.Held {
 		l.setDrift("", nil, nil, st)
 		return
@@ -52,7 +52,7 @@ func (l *LeaderLease) compareSettings(st jobs.LeaderLeaseState) {
 
 // setDrift records the outcome of one comparison: drift when diffs is not
 // empty, logged with msg.
-func (l *LeaderLease) setDrift(msg string, diffs, unknown []string, st jobs.LeaderLeaseState) {
+func (l *LeaderLease) setDrift(msg string, diffs, unknown []string, st pgstore.LeaderLeaseState) {
 	drifted, now := len(diffs) > 0, l.now()
 	key := strings.Join(diffs, "\n")
 	switch {

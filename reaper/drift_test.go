@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -19,7 +19,7 @@ import (
 func daemonSettings(t *testing.T, queues []string, redisURL string) reaper.Settings {
 	t.Helper()
 	s := reaper.NewSettings(time.Minute, 5*time.Minute, 15*time.Minute, queues, nil)
-	id, err := queue.RedisID(redisURL)
+	id, err := asynqstate.RedisID(redisURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,9 +46,9 @@ func TestCase_B31_AReplicaReadingAnotherRedisDatabaseReportsDrift(t *testing.T) 
 	ctx := context.Background()
 	db := jobstest.New(t)
 	queues := []string{"reports"}
-	leader := newLeaseReplica(t, db.Store(), queues, daemonSettings(t, queues, "redis://:s3cret@127.0.0.1:6379/9"))
-	other := newLeaseReplica(t, db.Store(), queues, daemonSettings(t, queues, "redis://:0th3r@127.0.0.1:6379/8"))
-	same := newLeaseReplica(t, db.Store(), queues, daemonSettings(t, queues, "rediss://127.0.0.1:6379/9"))
+	leader := newLeaseReplica(t, db.Daemon(), queues, daemonSettings(t, queues, "redis://:s3cret@127.0.0.1:6379/9"))
+	other := newLeaseReplica(t, db.Daemon(), queues, daemonSettings(t, queues, "redis://:0th3r@127.0.0.1:6379/8"))
+	same := newLeaseReplica(t, db.Daemon(), queues, daemonSettings(t, queues, "rediss://127.0.0.1:6379/9"))
 	if !leader.lease.Attempt(ctx) || other.lease.Attempt(ctx) || same.lease.Attempt(ctx) {
 		t.Fatal("want the first replica to lead and the others to follow")
 	}
@@ -85,7 +85,7 @@ func TestCase_B31_EverySettingThatDecidesWhatTheLeaderDoesIsCompared(t *testing.
 	db := jobstest.New(t)
 	queues := []string{"reports"}
 	const redisURL = "redis://127.0.0.1:6379/9"
-	leader := newLeaseReplica(t, db.Store(), queues, daemonSettings(t, queues, redisURL))
+	leader := newLeaseReplica(t, db.Daemon(), queues, daemonSettings(t, queues, redisURL))
 	if !leader.lease.Attempt(ctx) {
 		t.Fatal("the leader did not take the leader lease")
 	}
@@ -102,7 +102,7 @@ func TestCase_B31_EverySettingThatDecidesWhatTheLeaderDoesIsCompared(t *testing.
 	} {
 		settings := daemonSettings(t, queues, redisURL)
 		c.change(&settings)
-		r := newLeaseReplica(t, db.Store(), queues, settings)
+		r := newLeaseReplica(t, db.Daemon(), queues, settings)
 		if r.lease.Attempt(ctx) {
 			t.Fatal("a follower took the leader lease")
 		}
@@ -132,13 +132,13 @@ func TestCase_B31_ALeaderOfAnOlderVersionRecordsFewerSettings(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := jobstest.New(t)
-	store := db.Store()
+	store := db.Daemon()
 	queues := []string{"reports"}
 	if got := reaper.CascadesDigest(nil); got != "44136fa355b3678a" {
 		t.Fatalf("the digest of no cascade changed to %s: replicas of two versions would always drift", got)
 	}
-	old, err := store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: jobs.LeaderLeaseKey(queues),
-		Holder: jobs.NewLeaderLeaseHolder(time.Now()), TTL: time.Hour, Settings: json.RawMessage(recordedBeforeTheRedisSetting)})
+	old, err := store.AcquireLeaderLease(ctx, pgstore.LeaderLeaseParams{Key: pgstore.LeaderLeaseKey(queues),
+		Holder: pgstore.NewLeaderLeaseHolder(time.Now()), TTL: time.Hour, Settings: json.RawMessage(recordedBeforeTheRedisSetting)})
 	if err != nil || !old.Held {
 		t.Fatalf("the older leader's attempt = %+v, %v", old, err)
 	}
@@ -180,7 +180,7 @@ func TestSettingsDriftIsLoggedOncePerChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := jobstest.New(t)
-	store := db.Store()
+	store := db.Daemon()
 	queues := []string{"reports"}
 	const redisURL = "redis://127.0.0.1:6379/9"
 	leaderSettings := daemonSettings(t, queues, redisURL)

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 )
 
 // EvictionCheckInterval is how often the daemon reads Redis's
@@ -16,8 +16,8 @@ import (
 const EvictionCheckInterval = time.Hour
 
 // EvictionChecker reads the maxmemory-policy of the Redis that holds the
-// markers; *queue.PolicyReader satisfies it. An error wrapping
-// queue.ErrConfigRefused means the Redis does not allow the check.
+// markers; *asynqstate.PolicyReader satisfies it. An error wrapping
+// asynqstate.ErrConfigRefused means the Redis does not allow the check.
 type EvictionChecker interface {
 	EvictionPolicy(ctx context.Context) (string, error)
 }
@@ -50,7 +50,7 @@ func (r *Reaper) checkEviction(ctx context.Context) {
 	}
 	policy, err := r.opts.Eviction.EvictionPolicy(ctx)
 	switch {
-	case errors.Is(err, queue.ErrConfigRefused):
+	case errors.Is(err, asynqstate.ErrConfigRefused):
 		st.checkedAt = now
 		if !st.refusalSaid {
 			st.refusalSaid = true
@@ -62,7 +62,7 @@ func (r *Reaper) checkEviction(ctx context.Context) {
 		if ctx.Err() == nil {
 			r.log.Warn("could not read Redis's eviction policy; tried again next pass", "err", err)
 		}
-	case policy != queue.EvictionPolicySafe:
+	case policy != asynqstate.EvictionPolicySafe:
 		st.checkedAt = now
 		r.opts.Metrics.evictionPolicy(true)
 		r.log.Warn("Redis's maxmemory-policy is not noeviction: under memory pressure Redis may evict markers "+

@@ -13,8 +13,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/redistest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -47,8 +47,8 @@ func evictionReaper(t *testing.T, srv *redistest.Server) (*reaper.Reaper, *prome
 	reg := prometheus.NewRegistry()
 	logs := &evictionLogs{}
 	clock := clockwork.NewFakeClock()
-	r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{"none": {}}}, markers, reaper.Options{
-		Queues: []string{"none"}, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Clock: clock, Eviction: queue.NewPolicyReader(client, 0),
+	r := reaper.New(db.Daemon(), &fakeLister{queues: map[string]asynqstate.ActiveTasks{"none": {}}}, markers, reaper.Options{
+		Queues: []string{"none"}, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Clock: clock, Eviction: asynqstate.NewPolicyReader(client, 0),
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, scanGuard{t}), &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	return r, reg, logs, clock
@@ -122,7 +122,7 @@ func TestEvictionPolicyCheck(t *testing.T) {
 
 	t.Run("NoevictionIsQuiet", func(t *testing.T) {
 		t.Parallel()
-		srv := redistest.Start(t, "--maxmemory-policy", queue.EvictionPolicySafe)
+		srv := redistest.Start(t, "--maxmemory-policy", asynqstate.EvictionPolicySafe)
 		r, reg, logs, _ := evictionReaper(t, srv)
 		cleanPass(t, r)
 		if got := metricValue(t, reg, unsafeGauge, nil); got != 0 || logs.count("level=WARN") != 0 {

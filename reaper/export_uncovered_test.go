@@ -1,10 +1,10 @@
 package reaper
 
-import "github.com/jobreaper/jobreaper/jobs"
+import "github.com/jobreaper/jobreaper/internal/pgstore"
 
 // UncoveredQueues exposes uncoveredQueues, the uncovered-queue check's
 // comparison.
-func UncoveredQueues(known []string, ls jobs.LeaderLeases, own ...string) []string {
+func UncoveredQueues(known []string, ls pgstore.LeaderLeases, own ...string) []string {
 	return uncoveredQueues(known, ls, own)
 }
 

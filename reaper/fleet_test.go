@@ -9,9 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -28,7 +29,7 @@ func TestDryRun(t *testing.T) {
 	// A lost task: stalled, not active, asynq will never run it.
 	b.db.Insert(t, jobstest.Job{ID: "lost", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J5", "J6", "fresh", "ghost"}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J5", "J6", "fresh", "ghost"}}
 	before := b.db.Count(t, `SELECT count(*) FROM jobs WHERE status = 'PROCESSING'`)
 
 	res, err := runOnce(t, ctx, b.reaper)
@@ -78,7 +79,7 @@ func TestCase_B31_ReplicasCompareTheSettingsThatDecideAReap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := jobstest.New(t)
-	store := db.Store()
+	store := db.Daemon()
 	queues := []string{"reports"}
 	type replica struct {
 		lease *reaper.LeaderLease
@@ -89,7 +90,7 @@ func TestCase_B31_ReplicasCompareTheSettingsThatDecideAReap(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		log := &logBuffer{}
 		settings := reaper.NewSettings(time.Minute, 5*time.Minute, stall, queues, nil)
-		l := reaper.NewLeaderLease(store, queues, jobs.NewLeaderLeaseHolder(time.Now()), time.Minute, settings,
+		l := reaper.NewLeaderLease(store, queues, pgstore.NewLeaderLeaseHolder(time.Now()), time.Minute, settings,
 			slog.New(slog.NewTextHandler(log, nil)), reaper.NewMetrics(reg))
 		return replica{l, reg, log}
 	}

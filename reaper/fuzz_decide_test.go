@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -53,7 +54,7 @@ const spanUs = 6000 * 365 * 24 * int64(time.Hour/time.Microsecond)
 var fuzzStatuses = [...]string{jobs.StatusQueued, jobs.StatusProcessing, jobs.StatusCompleted, jobs.StatusFailed}
 
 // FuzzDecideMatchesStallPredicate holds reaper.Decide and the SQL
-// jobs.StallPredicate to the same verdict for the same row, type and rule:
+// pgstore.StallPredicate to the same verdict for the same row, type and rule:
 // the row is written in a transaction whose now() does not move (rolled
 // back at the end), read back through jobs.Store.Get and judged by Decide
 // on the database's now(), then by both SQL forms of the predicate, the
@@ -174,7 +175,7 @@ func intervalUs(mon, day int32, us int64) (int64, bool) {
 func checkDecideAgainstSQL(t *testing.T, db *jobstest.DB, in decideInput) {
 	t.Helper()
 	ctx := context.Background()
-	rule := jobs.StallRule{DefaultStallTimeout: positive(in.defStall), MinStallTimeout: positive(in.minStall),
+	rule := pgstore.StallRule{DefaultStallTimeout: positive(in.defStall), MinStallTimeout: positive(in.minStall),
 		DefaultHardTimeout: positive(in.defHard)}
 	status := fuzzStatuses[in.flags&3]
 	knownType := in.flags&4 == 0
@@ -249,7 +250,7 @@ VALUES ('J', 'fz', $1, 1, 'fz',
 		t.Fatalf("inserting the job: %v", err)
 	}
 
-	store := jobs.NewStore(tx, jobs.WithSchema(db.Schema))
+	store := pgstore.New(tx, pgstore.WithSchema(db.Schema))
 	now, err := store.Now(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +273,7 @@ VALUES ('J', 'fz', $1, 1, 'fz',
 			rule.DefaultHardTimeout.String()
 	}
 
-	lost, err := store.ListLostCandidates(ctx, jobs.LostCandidatesParams{Queues: []string{"fz"}, Rule: rule})
+	lost, err := store.ListLostCandidates(ctx, pgstore.LostCandidatesParams{Queues: []string{"fz"}, Rule: rule})
 	if err != nil {
 		t.Fatalf("ListLostCandidates failed on an input the schema accepts: %v (%s)", err, describe())
 	}
@@ -293,7 +294,7 @@ VALUES ('J', 'fz', $1, 1, 'fz',
 	if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = 'fz' WHERE id = 'J'`); err != nil {
 		t.Fatal(err)
 	}
-	reaped, _, err := store.Reap(ctx, jobs.ReapParams{JobID: "J", Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
+	reaped, _, err := store.Reap(ctx, pgstore.ReapParams{JobID: "J", Generation: snap.Generation, UpdatedAt: snap.UpdatedAt,
 		Reason: jobs.ReasonStalled, Rule: rule})
 	if err != nil {
 		t.Fatalf("the reap UPDATE failed on an input the schema accepts: %v (%s)", err, describe())

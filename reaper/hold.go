@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -33,19 +34,19 @@ type HoldReport struct {
 // holdsOf is how the holds read by one pass stand for its queues.
 type holdsOf struct {
 	// on maps each queue a hold holds to that hold.
-	on map[string]*jobs.Hold
+	on map[string]*pgstore.Hold
 	// over maps each queue whose first pass after a hold's end this is
 	// to the IDs of those holds.
 	over map[string][]int64
 	// ended are the holds that are over and not drained, for the log.
-	ended []*jobs.Hold
+	ended []*pgstore.Hold
 }
 
 // classifyHolds sorts holds by how they stand at now for the queues of
 // read (the pass's): the queues each hold in effect holds, and those of
 // read whose first pass after a hold's end this is.
-func classifyHolds(holds []jobs.Hold, read []string, now time.Time) holdsOf {
-	h := holdsOf{on: map[string]*jobs.Hold{}, over: map[string][]int64{}}
+func classifyHolds(holds []pgstore.Hold, read []string, now time.Time) holdsOf {
+	h := holdsOf{on: map[string]*pgstore.Hold{}, over: map[string][]int64{}}
 	for i := range holds {
 		hold := &holds[i]
 		if hold.InEffect(now) {
@@ -113,7 +114,7 @@ func (r *Reaper) reapStalled(ctx context.Context, j *judgement, queues, listed [
 	started := r.checkStorm(ctx, j, &h, now, res)
 	// Partition in place: the held jobs are counted and dropped, the rest
 	// reaped.
-	heldBy := map[*jobs.Hold]int{}
+	heldBy := map[*pgstore.Hold]int{}
 	reap, stillStalled := j.stalled[:0], 0
 	for _, s := range j.stalled {
 		q := s.kind.heldQueue()
@@ -143,7 +144,7 @@ func (r *Reaper) reapStalled(ctx context.Context, j *judgement, queues, listed [
 // covers, among the tasks of those queues the pass judged. On a storm it
 // records a hold on their queues (a dry run does not) and adds it to h,
 // and returns it (nil without a storm).
-func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now time.Time, res *Result) *jobs.Hold {
+func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now time.Time, res *Result) *pgstore.Hold {
 	var (
 		stalled, judged int
 		queues, types   []string
@@ -177,10 +178,10 @@ func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now t
 	// a worker that lost PostgreSQL for less than that has had its whole
 	// stall timeout again to show progress before anything is reaped.
 	holdFor := cmp.Or(r.opts.StallStormHold, longest)
-	hold := &jobs.Hold{Queues: queues, Types: types, Held: stalled, Judged: judged, Tripped: storm.Why,
+	hold := &pgstore.Hold{Queues: queues, Types: types, Held: stalled, Judged: judged, Tripped: storm.Why,
 		StartedAt: now, Until: now.Add(holdFor)}
 	if !r.opts.DryRun {
-		recorded, err := r.store.StartHold(ctx, jobs.StartHoldParams{Queues: queues, Types: types, Held: stalled, Judged: judged,
+		recorded, err := r.store.StartHold(ctx, pgstore.StartHoldParams{Queues: queues, Types: types, Held: stalled, Judged: judged,
 			Tripped: storm.Why, For: holdFor})
 		if err != nil {
 			// Not reaped all the same: holding them this pass is what the
@@ -208,8 +209,8 @@ func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now t
 
 // reportHolds fills Result.StallStormHolds with the holds in effect for
 // the pass's queues, and logs how many jobs each held.
-func (r *Reaper) reportHolds(h holdsOf, heldBy map[*jobs.Hold]int, started *jobs.Hold, res *Result) {
-	seen := map[*jobs.Hold]bool{}
+func (r *Reaper) reportHolds(h holdsOf, heldBy map[*pgstore.Hold]int, started *pgstore.Hold, res *Result) {
+	seen := map[*pgstore.Hold]bool{}
 	for _, q := range slices.Sorted(maps.Keys(h.on)) {
 		hold := h.on[q]
 		if seen[hold] || hold.ID == 0 && !r.opts.DryRun {
@@ -226,7 +227,7 @@ func (r *Reaper) reportHolds(h holdsOf, heldBy map[*jobs.Hold]int, started *jobs
 }
 
 // logHoldOver notes a hold whose end (or release) this pass acts on.
-func (r *Reaper) logHoldOver(hold *jobs.Hold) {
+func (r *Reaper) logHoldOver(hold *pgstore.Hold) {
 	attrs := []any{"hold_id", hold.ID, "queues", hold.Queues, "started_at", hold.StartedAt, "until", hold.Until}
 	if hold.ReleasedAt != nil {
 		r.log.Info("stall-storm hold released by an operator: the jobs still stalled in its queues are reaped now, together",

@@ -12,6 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -25,8 +28,8 @@ import (
 type stormWorld struct {
 	db      *jobstest.DB
 	a       *realAsynq
-	lister  *queue.IDLister
-	markers *queue.MarkerStore
+	lister  *asynqstate.IDLister
+	markers *markerStore
 	logs    *logBuffer
 }
 
@@ -42,7 +45,7 @@ func newStormWorld(t *testing.T) *stormWorld {
 	w.db.JobType(t, "report.export", "30 minutes", "", "")
 	w.db.JobType(t, "crawl.site", "60 minutes", "20 minutes", "")
 	var err error
-	if w.lister, err = queue.NewIDLister(w.a.rc); err != nil {
+	if w.lister, err = asynqstate.NewIDLister(w.a.rc); err != nil {
 		t.Fatal(err)
 	}
 	w.markers = newMarkers(t, w.a.rc)
@@ -74,7 +77,7 @@ func (w *stormWorld) add(t *testing.T, q, typ, prefix string, n int, started, id
 	}
 	w.db.Exec(t, `INSERT INTO jobs (id, type, status, generation, worker, queue, started_at, updated_at)
 SELECT id, $2, 'PROCESSING', 1, 'w1', $3, now() - $4::interval, now() - $5::interval FROM unnest($1::text[]) AS id`,
-		ids, typ, q, jobs.Interval(started), jobs.Interval(idle))
+		ids, typ, q, pgcore.Interval(started), pgcore.Interval(idle))
 	if err := queuetest.MakeActive(t.Context(), w.a.rc, q, typ, ids); err != nil {
 		t.Fatal(err)
 	}
@@ -101,25 +104,25 @@ func (w *stormWorld) running(t *testing.T, q, prefix string, n int) []string {
 // them stall, 0 is progress now.
 func (w *stormWorld) moved(t *testing.T, ago time.Duration, ids []string) {
 	t.Helper()
-	w.db.Exec(t, `UPDATE jobs SET updated_at = now() - $2::interval WHERE id = ANY($1)`, ids, jobs.Interval(ago))
+	w.db.Exec(t, `UPDATE jobs SET updated_at = now() - $2::interval WHERE id = ANY($1)`, ids, pgcore.Interval(ago))
 }
 
 // reaper returns a Reaper over w on queues and its metrics registry.
 func (w *stormWorld) reaper(t *testing.T, queues []string, set ...func(*reaper.Options)) (*reaper.Reaper, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	o := reaper.Options{Queues: queues, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Asynq: queue.NewStatusReader(w.a.rc, 0),
+	o := reaper.Options{Queues: queues, Rule: baselineRule, Metrics: reaper.NewMetrics(reg), Asynq: asynqstate.NewStatusReader(w.a.rc, 0),
 		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, w.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	for _, f := range set {
 		f(&o)
 	}
-	return reaper.New(w.db.Store(), w.lister, w.markers, o), reg
+	return reaper.New(w.db.Daemon(), w.lister, w.markers, o), reg
 }
 
 // holds returns every reaper_holds row, in ID order.
-func (w *stormWorld) holds(t *testing.T) []jobs.Hold {
+func (w *stormWorld) holds(t *testing.T) []pgstore.Hold {
 	t.Helper()
-	var out []jobs.Hold
+	var out []pgstore.Hold
 	rows, err := w.db.Pool.Query(t.Context(), `SELECT id, queues, types, held, judged, tripped, started_at, until,
        released_at, coalesce(released_by, ''), coalesce(reason, ''), drained FROM reaper_holds ORDER BY id`)
 	if err != nil {
@@ -127,7 +130,7 @@ func (w *stormWorld) holds(t *testing.T) []jobs.Hold {
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var h jobs.Hold
+		var h pgstore.Hold
 		if err := rows.Scan(&h.ID, &h.Queues, &h.Types, &h.Held, &h.Judged, &h.Tripped, &h.StartedAt, &h.Until,
 			&h.ReleasedAt, &h.ReleasedBy, &h.Reason, &h.Drained); err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -18,7 +19,7 @@ type jobKind struct {
 }
 
 // heldQueue is the queue a hold names for jobs of this kind (queueOf).
-func (k *jobKind) heldQueue() string { return cmp.Or(k.queue, jobs.QueueDefault) }
+func (k *jobKind) heldQueue() string { return cmp.Or(k.queue, pgstore.QueueDefault) }
 
 // kinds interns a pass's jobKinds.
 type kinds map[jobKind]*jobKind
@@ -54,7 +55,7 @@ func (s stalledJob) updatedAt() time.Time { return time.UnixMicro(s.updatedUs) }
 // column, or asynq's default queue when NULL (where queue.Enqueue puts
 // such a job's task).
 func queueOf(snap *jobs.Snapshot) string {
-	return cmp.Or(snap.Queue, jobs.QueueDefault)
+	return cmp.Or(snap.Queue, pgstore.QueueDefault)
 }
 
 // keep returns what the pass keeps of snap, stalled with verdict v.

@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/jobreaper/jobreaper/internal/failpoint"
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
 // LeaderLeaseStore is what the leader lease needs from PostgreSQL;
-// *jobs.Store satisfies it.
+// *pgstore.Store satisfies it.
 type LeaderLeaseStore interface {
-	AcquireLeaderLease(ctx context.Context, p jobs.LeaderLeaseParams) (jobs.LeaderLeaseState, error)
+	AcquireLeaderLease(ctx context.Context, p pgstore.LeaderLeaseParams) (pgstore.LeaderLeaseState, error)
 	ReleaseLeaderLease(ctx context.Context, key, holderID string) error
 }
 
@@ -25,13 +25,13 @@ type LeaderLeaseStore interface {
 // of its last renewal (1.5 + 1/3), and never while its leader lease is
 // valid. A leader stopped inside a reap transaction, between its leader
 // lease check and COMMIT, holds the lease row locked until PostgreSQL ends
-// its idle session, one TTL later (jobs.WithLeaderLeaseTTL): it is then
+// its idle session, one TTL later (pgstore.WithLeaderLeaseTTL): it is then
 // replaced within 3.5 intervals of its last renewal. Build it with
 // NewLeaderLease and give it to Options.LeaderLease.
 type LeaderLease struct {
 	store    LeaderLeaseStore
 	key      string
-	holder   jobs.LeaderLeaseHolder
+	holder   pgstore.LeaderLeaseHolder
 	settings Settings
 	raw      json.RawMessage
 	ttl      time.Duration
@@ -68,16 +68,16 @@ type LeaderLease struct {
 
 // NewLeaderLease returns the leader lease of a daemon scanning queues
 // every interval, held as holder, recording settings.
-func NewLeaderLease(store LeaderLeaseStore, queues []string, holder jobs.LeaderLeaseHolder, interval time.Duration,
+func NewLeaderLease(store LeaderLeaseStore, queues []string, holder pgstore.LeaderLeaseHolder, interval time.Duration,
 	settings Settings, log *slog.Logger, metrics *Metrics) *LeaderLease {
 	raw, _ := json.Marshal(settings) // strings, numbers and booleans: always marshals
 	if log == nil {
 		log = slog.Default()
 	}
 	l := &LeaderLease{
-		store: store, key: jobs.LeaderLeaseKey(queues), holder: holder, settings: settings, raw: raw,
+		store: store, key: pgstore.LeaderLeaseKey(queues), holder: holder, settings: settings, raw: raw,
 		ttl: LeaderLeaseTTL(interval), every: max(interval/3, 100*time.Millisecond),
-		log: log.With("component", "leader_lease", "key", jobs.LeaderLeaseKey(queues)), metrics: metrics,
+		log: log.With("component", "leader_lease", "key", pgstore.LeaderLeaseKey(queues)), metrics: metrics,
 		seenAt: time.Now(), now: time.Now,
 	}
 	metrics.watchLeaderLease(l)
@@ -86,18 +86,18 @@ func NewLeaderLease(store LeaderLeaseStore, queues []string, holder jobs.LeaderL
 
 // LeaderLeaseTTL is how long the leader lease of a daemon scanning every
 // interval stays valid from each renewal: 1.5 intervals, at least one
-// second (the shortest TTL jobs.AcquireLeaderLease accepts). The Store that
-// runs the daemon's reaps takes it too (jobs.WithLeaderLeaseTTL), to bound
+// second (the shortest TTL pgstore.Store.AcquireLeaderLease accepts). The Store that
+// runs the daemon's reaps takes it too (pgstore.WithLeaderLeaseTTL), to bound
 // how long a reap transaction may sit idle holding the leader lease row.
 func LeaderLeaseTTL(interval time.Duration) time.Duration {
 	return max(interval*3/2, time.Second)
 }
 
-// Key is the leader lease's key (jobs.LeaderLeaseKey of the queues).
+// Key is the leader lease's key (pgstore.LeaderLeaseKey of the queues).
 func (l *LeaderLease) Key() string { return l.key }
 
 // Holder is this daemon's identity in the leader lease row.
-func (l *LeaderLease) Holder() jobs.LeaderLeaseHolder { return l.holder }
+func (l *LeaderLease) Holder() pgstore.LeaderLeaseHolder { return l.holder }
 
 // Held reports whether this daemon holds a valid leader lease by its own
 // monotonic clock (see validUntil). Every reap starts only when it
@@ -127,7 +127,7 @@ func (l *LeaderLease) age() time.Duration {
 func (l *LeaderLease) Attempt(ctx context.Context) bool {
 	failpoint.Inject("lease") // test builds only
 	sent := time.Now()
-	st, err := l.store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: l.key, Holder: l.holder, TTL: l.ttl, Settings: l.raw})
+	st, err := l.store.AcquireLeaderLease(ctx, pgstore.LeaderLeaseParams{Key: l.key, Holder: l.holder, TTL: l.ttl, Settings: l.raw})
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -155,7 +155,7 @@ func (l *LeaderLease) Attempt(ctx context.Context) bool {
 }
 
 // setLeading logs a change of leadership.
-func (l *LeaderLease) setLeading(held bool, st jobs.LeaderLeaseState) {
+func (l *LeaderLease) setLeading(held bool, st pgstore.LeaderLeaseState) {
 	if held == l.leading {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -31,7 +32,7 @@ func newLeaseReplica(t *testing.T, store reaper.LeaderLeaseStore, queues []strin
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	log := &logBuffer{}
-	l := reaper.NewLeaderLease(store, queues, jobs.NewLeaderLeaseHolder(time.Now()), leaseInterval, settings,
+	l := reaper.NewLeaderLease(store, queues, pgstore.NewLeaderLeaseHolder(time.Now()), leaseInterval, settings,
 		slog.New(slog.NewTextHandler(log, nil)), reaper.NewMetrics(reg))
 	return leaseReplica{l, reg, log}
 }
@@ -56,7 +57,7 @@ func TestLeaderLeaseIsNeverHeldByTwoReplicasAcrossATakeover(t *testing.T) {
 	db := jobstest.New(t)
 	queues := []string{"reports"}
 	settings := reaper.NewSettings(leaseInterval, 5*time.Minute, 15*time.Minute, queues, nil)
-	r1, r2 := newLeaseReplica(t, db.Store(), queues, settings), newLeaseReplica(t, db.Store(), queues, settings)
+	r1, r2 := newLeaseReplica(t, db.Daemon(), queues, settings), newLeaseReplica(t, db.Daemon(), queues, settings)
 	if !r1.lease.Attempt(ctx) || r1.leader(t) != 1 {
 		t.Fatal("the first replica does not lead")
 	}
@@ -130,8 +131,8 @@ func TestCase_B44_ALeaderCutOffFromPostgreSQLStopsSayingItLeads(t *testing.T) {
 	defer pool1.Close()
 	queues := []string{"exports"}
 	settings := reaper.NewSettings(leaseInterval, 5*time.Minute, 15*time.Minute, queues, nil)
-	r1 := newLeaseReplica(t, jobs.NewStore(pool1, jobs.WithSchema(db.Schema)), queues, settings)
-	r2 := newLeaseReplica(t, db.Store(), queues, settings)
+	r1 := newLeaseReplica(t, pgstore.New(pool1, pgstore.WithSchema(db.Schema)), queues, settings)
+	r2 := newLeaseReplica(t, db.Daemon(), queues, settings)
 	if !r1.lease.Attempt(ctx) || r1.leader(t) != 1 {
 		t.Fatal("R1 does not lead")
 	}

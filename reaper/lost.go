@@ -6,8 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // SkipAwaitingRetry: a stalled PROCESSING job whose task is not active but
@@ -38,9 +39,9 @@ const noQueueCountMax = 10000
 
 // AsynqState is what the lost-task search and the stale QUEUED report
 // read from asynq: many task lookups at once, and the queues live servers
-// serve; *queue.StatusReader satisfies it.
+// serve; *asynqstate.StatusReader satisfies it.
 type AsynqState interface {
-	TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error)
+	TaskStatuses(ctx context.Context, refs []asynqstate.TaskRef) ([]asynqstate.TaskStatus, error)
 	LiveQueues(ctx context.Context) (map[string]bool, error)
 }
 
@@ -49,7 +50,7 @@ type AsynqState interface {
 // found so far in the cycle (reaped together at its end, or not at all).
 type lostState struct {
 	mu     sync.Mutex
-	cursor jobs.LostCursor
+	cursor pgstore.LostCursor
 	found  []jobs.Snapshot
 	// over: the cycle found more than the limit (found stops growing).
 	over bool
@@ -62,7 +63,7 @@ type lostState struct {
 // its task's last attempt or Redis lost its data.
 //
 // Candidates are visited by the keyset (updated_at, id), one page
-// (jobs.LostCandidatesLimitDefault rows) per daemon pass, the cursor kept
+// (pgstore.LostCandidatesLimitDefault rows) per daemon pass, the cursor kept
 // across passes so that rows skipped as awaiting_retry or lost_held can
 // never hide the ones behind them; with Options.Once every page is
 // visited. Their tasks are looked up in one pipeline per page. A lost job
@@ -92,8 +93,8 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 	held := map[string][]string{}
 	defer r.warnHeld(held)
 	for ctx.Err() == nil {
-		cands, err := r.store.ListLostCandidates(ctx, jobs.LostCandidatesParams{
-			Queues: listed, Active: active, Rule: res.rule, Limit: jobs.LostCandidatesLimitDefault, After: st.cursor,
+		cands, err := r.store.ListLostCandidates(ctx, pgstore.LostCandidatesParams{
+			Queues: listed, Active: active, Rule: res.rule, Limit: pgstore.LostCandidatesLimitDefault, After: st.cursor,
 		})
 		if err != nil {
 			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
@@ -105,7 +106,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 		}
 		if len(cands) > 0 {
 			last := cands[len(cands)-1]
-			st.cursor = jobs.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+			st.cursor = pgstore.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 		}
 		if r.opts.MaxLostPerPass <= 0 {
 			r.reapSet(ctx, keepAll(lost), jobs.ReasonLostTask, res)
@@ -115,7 +116,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 				st.over, st.found = true, nil
 			}
 		}
-		if len(cands) < jobs.LostCandidatesLimitDefault {
+		if len(cands) < pgstore.LostCandidatesLimitDefault {
 			r.endCycle(ctx, live, noLease, now, res)
 			return
 		}
@@ -157,9 +158,9 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	if len(judged) == 0 {
 		return nil, true
 	}
-	refs := make([]queue.TaskRef, len(judged))
+	refs := make([]asynqstate.TaskRef, len(judged))
 	for i, sn := range judged {
-		refs[i] = queue.TaskRef{Queue: sn.Queue, ID: sn.ID}
+		refs[i] = asynqstate.TaskRef{Queue: sn.Queue, ID: sn.ID}
 	}
 	statuses, err := state.TaskStatuses(ctx, refs)
 	if err != nil {
@@ -169,10 +170,10 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	var lost []jobs.Snapshot
 	for i, snap := range judged {
 		st := statuses[i]
-		if st == queue.TaskActive && !noLease[snap.ID] {
+		if st == asynqstate.TaskActive && !noLease[snap.ID] {
 			continue // started since the listing: the next pass judges it
 		}
-		if st.WillRun() && st != queue.TaskQueueNotFound && st != queue.TaskActive {
+		if st.WillRun() && st != asynqstate.TaskQueueNotFound && st != asynqstate.TaskActive {
 			r.decided(res, snap.ID, &snap, verdicts[i].skipped(SkipAwaitingRetry), "")
 			res.skip(SkipAwaitingRetry, 1)
 			r.log.Debug("stalled job's task waits in asynq; left to its next attempt", "job_id", snap.ID, "task_status", st)
@@ -208,7 +209,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 func (r *Reaper) endCycle(ctx context.Context, live *liveServers, noLease map[string]bool, now time.Time, res *Result) {
 	st := &r.lost
 	found, over := st.found, st.over
-	st.cursor, st.found, st.over = jobs.LostCursor{}, nil, false
+	st.cursor, st.found, st.over = pgstore.LostCursor{}, nil, false
 	if r.opts.MaxLostPerPass <= 0 {
 		return
 	}
@@ -312,8 +313,8 @@ func (r *Reaper) asynqState() AsynqState {
 // no lost task is ever reaped on a guess (each is held).
 type lookupState struct{ lister Lister }
 
-func (l lookupState) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error) {
-	out := make([]queue.TaskStatus, len(refs))
+func (l lookupState) TaskStatuses(ctx context.Context, refs []asynqstate.TaskRef) ([]asynqstate.TaskStatus, error) {
+	out := make([]asynqstate.TaskStatus, len(refs))
 	for i, ref := range refs {
 		st, err := l.lister.TaskStatus(ctx, ref.Queue, ref.ID)
 		if err != nil {

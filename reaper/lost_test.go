@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -17,19 +18,19 @@ func TestReapLost(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		status queue.TaskStatus // "" = the lookup finds nothing
+		status asynqstate.TaskStatus // "" = the lookup finds nothing
 	}{
 		{"GoneTaskOfAKilledWorkerIsReapedAsLostTask", ""},
-		{"ArchivedTaskIsReapedAsLostTask", queue.TaskArchived},
-		{"CompletedTaskIsReapedAsLostTask", queue.TaskCompleted},
+		{"ArchivedTaskIsReapedAsLostTask", asynqstate.TaskArchived},
+		{"CompletedTaskIsReapedAsLostTask", asynqstate.TaskCompleted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			b.stalled(t, "J1")
-			b.lister.queues["default"] = queue.ActiveTasks{}
+			b.lister.queues["default"] = asynqstate.ActiveTasks{}
 			if tc.status != "" {
-				b.lister.statuses = map[string]queue.TaskStatus{"J1": tc.status}
+				b.lister.statuses = map[string]asynqstate.TaskStatus{"J1": tc.status}
 			}
 			res, err := runOnce(t, ctx, b.reaper)
 			if err != nil || res.Reaped != 1 || res.ReapedBy["lost_task"] != 1 || res.Errors != 0 || res.Scanned != 0 {
@@ -51,8 +52,8 @@ func TestReapLost(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{}
-		b.lister.statuses = map[string]queue.TaskStatus{"J1": queue.TaskQueueNotFound}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{}
+		b.lister.statuses = map[string]asynqstate.TaskStatus{"J1": asynqstate.TaskQueueNotFound}
 		b.lister.dead = map[string]bool{"default": true}
 		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["lost_held"] != 1 {
@@ -67,8 +68,8 @@ func TestReapLost(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{}
-		b.lister.statuses = map[string]queue.TaskStatus{"J1": queue.TaskRetry}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{}
+		b.lister.statuses = map[string]asynqstate.TaskStatus{"J1": asynqstate.TaskRetry}
 		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 0 || res.Skipped["awaiting_retry"] != 1 {
 			t.Fatalf("result = %+v, err = %v; want awaiting_retry 1", res, err)
@@ -87,7 +88,7 @@ func TestReapLost(t *testing.T) {
 			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 		b.db.Insert(t, jobstest.Job{ID: "brokenq", Type: "report.export", Generation: 1, Queue: "broken",
 			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
-		b.lister.queues["default"] = queue.ActiveTasks{}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{}
 		b.lister.failed["broken"] = errors.New("redis: i/o timeout")
 		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 0 || res.Errors != 1 {
@@ -104,7 +105,7 @@ func TestReapLost(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil || res.Reaped != 1 || res.ReapedBy["stalled"] != 1 || res.ReapedBy["lost_task"] != 0 {
 			t.Fatalf("result = %+v, err = %v; want one stalled reap", res, err)

@@ -5,14 +5,14 @@ import (
 	"context"
 	"slices"
 
-	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 )
 
 // MarkerProbe is a marker store that says which markers a write would
-// change without writing any; *queue.MarkerStore is one. A pass whose
+// change without writing any; *asynqstate.MarkerWriter is one. A pass whose
 // marker writes are held counts with it the markers it would have written.
 type MarkerProbe interface {
-	MissingMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
+	MissingMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult
 }
 
 // markerHold decides, once per pass and only when a marker is to be
@@ -47,7 +47,7 @@ func (r *Reaper) markersHeld(ctx context.Context, h *markerHold, res *Result) bo
 // have made: those the store's probe finds missing, or all of them when
 // the store has no probe. It returns false when the probe failed as a
 // whole (Redis unreachable): an error of the pass, and the caller stops.
-func (r *Reaper) countHeld(ctx context.Context, writes []queue.MarkerWrite, res *Result) bool {
+func (r *Reaper) countHeld(ctx context.Context, writes []asynqstate.MarkerWrite, res *Result) bool {
 	probe, ok := r.markers.(MarkerProbe)
 	if !ok {
 		for _, w := range writes {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -48,7 +49,7 @@ func TestMarkerWritesAreHeldWhileNoLiveServerServesAQueueOfThePass(t *testing.T)
 	b.stalled(t, "J1") // active: reaped as stalled in this pass
 	b.db.Insert(t, jobstest.Job{ID: "L1", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(2 * time.Hour), IdleAgo: time.Hour}) // its task is gone: held as lost
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 	b.lister.dead = map[string]bool{"default": true}
 
 	res, err := runOnce(t, t.Context(), b.reaper)
@@ -101,7 +102,7 @@ func TestMarkerHoldWithNothingMissingOnlyWarns(t *testing.T) {
 	if err := b.redis.Set(queue.MarkerKey("R3"), "2"); err != nil {
 		t.Fatal(err)
 	}
-	b.lister.queues["default"] = queue.ActiveTasks{}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{}
 	b.lister.dead = map[string]bool{"default": true}
 	res, err := runOnce(t, t.Context(), b.reaper)
 	if err != nil || res.Errors != 0 || res.MarkersHeld != 0 || res.MarkersRestored != 0 {
@@ -133,8 +134,8 @@ func TestUnknownQueueGetsADidYouMean(t *testing.T) {
 		}
 		o.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), nil))
 	})
-	b.lister.queues["reports"] = queue.ActiveTasks{}
-	b.lister.queues["other"] = queue.ActiveTasks{}
+	b.lister.queues["reports"] = asynqstate.ActiveTasks{}
+	b.lister.queues["other"] = asynqstate.ActiveTasks{}
 	res, err := runOnce(t, t.Context(), b.reaper)
 	if err != nil || strings.Join(res.QueuesNotFound, ",") != "reprots,zzz" || len(res.QueueSuggestions) != 1 ||
 		res.QueueSuggestions["reprots"] != "reports" {
@@ -162,8 +163,8 @@ func TestLiveServersThatCannotBeReadHoldMarkersAndCountOneError(t *testing.T) {
 	reapedRow(t, b.db, "R1", false)
 	b.db.Insert(t, jobstest.Job{ID: "L1", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(2 * time.Hour), IdleAgo: time.Hour})
-	b.lister.queues["default"] = queue.ActiveTasks{}
-	r := reaper.New(b.db.Store(), b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), Once: true,
+	b.lister.queues["default"] = asynqstate.ActiveTasks{}
+	r := reaper.New(b.db.Daemon(), b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), Once: true,
 		Asynq: liveFails{b.lister}})
 	res, err := runOnce(t, t.Context(), r)
 	if err != nil || res.Errors != 1 || res.MarkersHeld != 1 || res.Reaped != 0 {

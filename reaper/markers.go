@@ -5,7 +5,8 @@ import (
 	"errors"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
@@ -17,7 +18,7 @@ import (
 // already there. The writes go in one pipeline and the written ones are
 // recorded in one statement, so a repair after an outage costs two round
 // trips whatever the number of markers (at most
-// jobs.MarkerRepairLimitDefault a pass), not two per marker.
+// pgstore.MarkerRepairLimitDefault a pass), not two per marker.
 //
 // One bad key never stops the others: a key holding something jobreaper
 // never writes (queue.ErrBadMarker) is an error of the pass naming the key,
@@ -49,17 +50,17 @@ func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, hold *markerH
 	if len(missing) == 0 {
 		return tried
 	}
-	writes := make([]queue.MarkerWrite, len(missing))
+	writes := make([]asynqstate.MarkerWrite, len(missing))
 	for i, m := range missing {
 		tried[m.JobID] = true
-		writes[i] = queue.MarkerWrite{JobID: m.JobID, Generation: m.Generation, TTL: queue.MarkerRemaining(m.ReapedAt, now)}
+		writes[i] = asynqstate.MarkerWrite{JobID: m.JobID, Generation: m.Generation, TTL: asynqstate.MarkerRemaining(m.ReapedAt, now)}
 	}
 	if r.markersHeld(ctx, hold, res) {
 		r.countHeld(ctx, writes, res)
 		return tried
 	}
 	results := r.setMany(ctx, writes)
-	var written []jobs.MarkerRef
+	var written []pgstore.MarkerRef
 	defer func() { r.confirm(ctx, written) }()
 	for i, out := range results {
 		m := missing[i]
@@ -74,7 +75,7 @@ func (r *Reaper) repairMarkers(ctx context.Context, now time.Time, hold *markerH
 				"key", queue.MarkerKey(m.JobID), "job_id", m.JobID, "remaining", len(missing)-i, "err", out.Err)
 			return tried
 		}
-		written = append(written, jobs.MarkerRef{JobID: m.JobID, Generation: m.Generation})
+		written = append(written, pgstore.MarkerRef{JobID: m.JobID, Generation: m.Generation})
 		if !out.Set {
 			continue // already there, or its 7 days are over
 		}

@@ -8,7 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -45,11 +46,11 @@ func (h *roundTrips) count(first redis.Cmder) {
 // markRecorder counts the statements that record written markers
 // (MarkMarkersSet; the pass has no other way to record them).
 type markRecorder struct {
-	*jobs.Store
+	*pgstore.Store
 	statements atomic.Int64
 }
 
-func (m *markRecorder) MarkMarkersSet(ctx context.Context, refs []jobs.MarkerRef) error {
+func (m *markRecorder) MarkMarkersSet(ctx context.Context, refs []pgstore.MarkerRef) error {
 	m.statements.Add(1)
 	return m.Store.MarkMarkersSet(ctx, refs)
 }
@@ -71,8 +72,8 @@ func TestMarkerRepairAfterAnOutageWritesInPipelines(t *testing.T) {
 		ids[i] = fmt.Sprintf("J%03d", i)
 		b.stalled(t, ids[i])
 	}
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: ids}
-	down := reaper.New(b.db.Store(), b.lister, brokenMarkers{}, reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: ids}
+	down := reaper.New(b.db.Daemon(), b.lister, brokenMarkers{}, reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
 	if res, err := runOnce(t, ctx, down); err != nil || res.Reaped != n || res.Errors != n {
 		t.Fatalf("pass while Redis is down = %+v, err %v; want %d reaped and %d marker errors", res, err, n, n)
 	}
@@ -81,7 +82,7 @@ func TestMarkerRepairAfterAnOutageWritesInPipelines(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	trips := &roundTrips{}
 	rdb.AddHook(trips)
-	store := &markRecorder{Store: b.db.Store()}
+	store := &markRecorder{Store: b.db.Daemon()}
 	up := reaper.New(store, b.lister, newMarkers(t, rdb), reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
 	res, err := runOnce(t, ctx, up)
 	if err != nil || res.Errors != 0 || res.MarkersRestored != n {

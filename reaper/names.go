@@ -4,18 +4,18 @@ import (
 	"hash/maphash"
 	"sync"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 )
 
 // Names that come from outside jobreaper (queue names from asynq:queues
 // or from jobs rows, task IDs, job types from job_types) pass one check,
-// jobs.CheckName (task IDs: jobs.CheckID), before they reach a metric label
+// idcheck.CheckName (task IDs: jobs.CheckID), before they reach a metric label
 // or a SQL parameter: another client sharing the Redis can SADD any bytes
 // into asynq:queues, and asynq's own client accepts a queue name holding a
 // NUL byte. Prometheus's client panics on a label value that is not valid
 // UTF-8, and PostgreSQL refuses a whole statement over one such text value.
 
-// invalidLabel is the label value a name that fails jobs.CheckName is
+// invalidLabel is the label value a name that fails idcheck.CheckName is
 // counted under (a job type or a queue of a reaped job, a queue of a stale
 // QUEUED row): such a name can be no label value, and its count must not
 // be lost.
@@ -24,7 +24,7 @@ const invalidLabel = "(invalid)"
 // labelValue returns name when it can be a metric label value, else
 // invalidLabel.
 func labelValue(name string) string {
-	if jobs.CheckName("name", name) != nil {
+	if idcheck.CheckName("name", name) != nil {
 		return invalidLabel
 	}
 	return name
@@ -63,14 +63,14 @@ func (b *badQueueNames) first(name string) bool {
 }
 
 // checkQueues returns the queues of the pass without those whose name
-// jobs.CheckName refuses: each such name is skipped for the pass (neither
+// idcheck.CheckName refuses: each such name is skipped for the pass (neither
 // listed, nor looked for lost tasks, nor sent to PostgreSQL, nor a label),
 // counted in Result.BadQueueNames and jobreaper_bad_queue_names, and
 // warned about, quoted, once per process. queues is not modified.
 func (r *Reaper) checkQueues(queues []string, res *Result) []string {
 	kept := make([]string, 0, len(queues))
 	for _, q := range queues {
-		err := jobs.CheckName("queue name", q)
+		err := idcheck.CheckName("queue name", q)
 		if err == nil {
 			kept = append(kept, q)
 			continue
@@ -80,7 +80,7 @@ func (r *Reaper) checkQueues(queues []string, res *Result) []string {
 			r.log.Warn("queue skipped: its name cannot be a PostgreSQL text value or a metric label (a NUL byte, invalid UTF-8 "+
 				"or over 1,024 bytes), so none of its tasks can be a job of the jobs table; another client writes "+
 				"asynq:queues in this Redis? Warned once; counted in jobreaper_bad_queue_names at every pass",
-				"queue", jobs.QuoteID(q), "err", err.Error())
+				"queue", idcheck.QuoteID(q), "err", err.Error())
 		}
 	}
 	r.opts.Metrics.badQueueNames(res.BadQueueNames)

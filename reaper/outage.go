@@ -6,16 +6,16 @@ import (
 	"os"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
-// readClock takes the pass's one clock reading (jobs.Store.PassClock) and
+// readClock takes the pass's one clock reading (pgstore.Store.PassClock) and
 // sets the stall rule the pass judges by, res.rule: Options.Rule with, when
 // Options.OutageGrace is on, the end of the last PostgreSQL outage, which a
 // dry run computes without writing. A new outage end recorded by this
 // pass is logged, and so, once, a timeline PostgreSQL refuses to read.
 func (r *Reaper) readClock(ctx context.Context, res *Result) (time.Time, error) {
-	c, err := r.store.PassClock(ctx, jobs.PassClockParams{Grace: r.opts.OutageGrace, Record: !r.opts.DryRun, RecordedBy: r.recorder})
+	c, err := r.store.PassClock(ctx, pgstore.PassClockParams{Grace: r.opts.OutageGrace, Record: !r.opts.DryRun, RecordedBy: r.recorder})
 	if err != nil {
 		return time.Time{}, err
 	}

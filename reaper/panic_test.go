@@ -13,9 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -32,7 +33,7 @@ type panickyLister struct {
 	panics int
 }
 
-func (p *panickyLister) ListActive(ctx context.Context, q string) (queue.ActiveTasks, error) {
+func (p *panickyLister) ListActive(ctx context.Context, q string) (asynqstate.ActiveTasks, error) {
 	p.mu.Lock()
 	n := p.panics
 	if n > 0 {
@@ -48,12 +49,12 @@ func (p *panickyLister) ListActive(ctx context.Context, q string) (queue.ActiveT
 // panickyStore panics in PassClock (the pass's clock reading), on the
 // pass's own goroutine, at the calls whose number (from 1) panicAt names.
 type panickyStore struct {
-	*jobs.Store
+	*pgstore.Store
 	calls   atomic.Int32
 	panicAt map[int32]bool
 }
 
-func (s *panickyStore) PassClock(ctx context.Context, p jobs.PassClockParams) (jobs.PassClock, error) {
+func (s *panickyStore) PassClock(ctx context.Context, p pgstore.PassClockParams) (pgstore.PassClock, error) {
 	if s.panicAt[s.calls.Add(1)] {
 		panic("a clock reading no store expects")
 	}
@@ -78,9 +79,9 @@ func TestLoopRecoversAPanicAndGoesOn(t *testing.T) {
 	db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Generation: 1, Queue: "default",
 		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 	// Pass 1: the listing panics; pass 2: the clock reading panics.
-	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: []string{"J1"}}},
+	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {IDs: []string{"J1"}}},
 		failed: map[string]error{}}, panics: 1}
-	store := &panickyStore{Store: db.Store(), panicAt: map[int32]bool{2: true}}
+	store := &panickyStore{Store: db.Daemon(), panicAt: map[int32]bool{2: true}}
 	reg := prometheus.NewRegistry()
 	log := &logBuffer{}
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: []string{"default"},
@@ -129,8 +130,8 @@ func TestLoopGivesUpAfterThreeConsecutivePanickedPasses(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
 	queues := []string{"default"}
-	holder := jobs.NewLeaderLeaseHolder(time.Now())
-	store := db.Store(jobs.WithLeaderLease(jobs.LeaderLeaseKey(queues), holder.ID))
+	holder := pgstore.NewLeaderLeaseHolder(time.Now())
+	store := db.Daemon(pgstore.WithLeaderLease(pgstore.LeaderLeaseKey(queues), holder.ID))
 	reg := prometheus.NewRegistry()
 	metrics := reaper.NewMetrics(reg)
 	log := &logBuffer{}
@@ -138,7 +139,7 @@ func TestLoopGivesUpAfterThreeConsecutivePanickedPasses(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	lease := reaper.NewLeaderLease(store, queues, holder, interval,
 		reaper.NewSettings(interval, time.Minute, 15*time.Minute, queues, nil), logger, metrics)
-	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]queue.ActiveTasks{"default": {}}, failed: map[string]error{}}, panics: -1}
+	lister := &panickyLister{fakeLister: &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {}}, failed: map[string]error{}}, panics: -1}
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues, Interval: interval,
 		Rule: baselineRule, Metrics: metrics, Logger: logger, LeaderLease: lease})
 	if err := r.Start(t.Context()); err != nil {
@@ -187,7 +188,7 @@ type panickyLeaseStore struct {
 	released atomic.Bool
 }
 
-func (s *panickyLeaseStore) AcquireLeaderLease(ctx context.Context, p jobs.LeaderLeaseParams) (jobs.LeaderLeaseState, error) {
+func (s *panickyLeaseStore) AcquireLeaderLease(ctx context.Context, p pgstore.LeaderLeaseParams) (pgstore.LeaderLeaseState, error) {
 	if s.calls.Add(1) > 1 {
 		panic("a leader lease row no attempt expects")
 	}
@@ -207,8 +208,8 @@ func TestLeaderLeaseAttemptPanicsAreContained(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
 	queues := []string{"default"}
-	holder := jobs.NewLeaderLeaseHolder(time.Now())
-	store := db.Store(jobs.WithLeaderLease(jobs.LeaderLeaseKey(queues), holder.ID))
+	holder := pgstore.NewLeaderLeaseHolder(time.Now())
+	store := db.Daemon(pgstore.WithLeaderLease(pgstore.LeaderLeaseKey(queues), holder.ID))
 	leaseStore := &panickyLeaseStore{LeaderLeaseStore: store}
 	reg := prometheus.NewRegistry()
 	metrics := reaper.NewMetrics(reg)
@@ -217,7 +218,7 @@ func TestLeaderLeaseAttemptPanicsAreContained(t *testing.T) {
 	const interval = 300 * time.Millisecond
 	lease := reaper.NewLeaderLease(leaseStore, queues, holder, interval,
 		reaper.NewSettings(interval, time.Minute, 15*time.Minute, queues, nil), logger, metrics)
-	r := reaper.New(store, &fakeLister{queues: map[string]queue.ActiveTasks{"default": {}}, failed: map[string]error{}},
+	r := reaper.New(store, &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {}}, failed: map[string]error{}},
 		newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues, Interval: interval, Rule: baselineRule,
 			Metrics: metrics, Logger: logger, LeaderLease: lease})
 	if err := r.Start(t.Context()); err != nil {
@@ -252,7 +253,7 @@ func TestLeaderLeaseAttemptPanicsAreContained(t *testing.T) {
 
 // loadPanicStore panics in LoadForTasks, which the pass calls on its own
 // goroutine while its listing goroutine still sends chunks.
-type loadPanicStore struct{ *jobs.Store }
+type loadPanicStore struct{ *pgstore.Store }
 
 func (loadPanicStore) LoadForTasks(context.Context, []string) (map[string]jobs.Snapshot, error) {
 	panic("a row no load expects")
@@ -265,14 +266,14 @@ func (loadPanicStore) LoadForTasks(context.Context, []string) (map[string]jobs.S
 func TestPassPanicStopsItsListing(t *testing.T) {
 	t.Parallel()
 	db := jobstest.New(t)
-	lister := &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}}
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{}, failed: map[string]error{}}
 	var queues []string
 	for i := range 64 {
 		q := fmt.Sprintf("q%02d", i)
 		queues = append(queues, q)
-		lister.queues[q] = queue.ActiveTasks{IDs: []string{"J-" + q}}
+		lister.queues[q] = asynqstate.ActiveTasks{IDs: []string{"J-" + q}}
 	}
-	r := reaper.New(loadPanicStore{db.Store()}, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues,
+	r := reaper.New(loadPanicStore{db.Daemon()}, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues,
 		LoadBatch: 1, Rule: baselineRule, Logger: testLogger(t)})
 	res, err := r.RunOnce(t.Context())
 	if !res.Panicked || !errors.Is(err, reaper.ErrPassPanicked) {

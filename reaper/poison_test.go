@@ -13,9 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -33,7 +34,7 @@ func TestReapOneFailingCascadeDoesNotStopTheOthers(t *testing.T) {
 	cascades := jobs.Cascades{"report.export": {OnFailed: []string{
 		`UPDATE ` + db.Schema + `.parents SET failed = failed + 1 WHERE id = @parent_id`,
 	}}}
-	store := db.Store(jobs.WithCascades(cascades))
+	store := db.Daemon(pgstore.WithCascades(cascades))
 	if err := store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestReapOneFailingCascadeDoesNotStopTheOthers(t *testing.T) {
 		db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Generation: 1, Queue: "default", ParentID: parent,
 			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
 	}
-	lister := &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: []string{"A", "bad", "C"}}}, failed: map[string]error{}}
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {IDs: []string{"A", "bad", "C"}}}, failed: map[string]error{}}
 	reg := prometheus.NewRegistry()
 	r := reaper.New(store, lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 		Metrics: reaper.NewMetrics(reg)})
@@ -68,11 +69,11 @@ func TestReapOneFailingCascadeDoesNotStopTheOthers(t *testing.T) {
 // hookedStore runs a hook before ListMissingMarkers, the first database
 // read of a pass after the clock.
 type hookedStore struct {
-	*jobs.Store
+	*pgstore.Store
 	beforeRepair func() error
 }
 
-func (h *hookedStore) ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error) {
+func (h *hookedStore) ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]pgstore.MissingMarker, error) {
 	if err := h.beforeRepair(); err != nil {
 		return nil, err
 	}
@@ -94,8 +95,8 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		reg := prometheus.NewRegistry()
-		lister := &fakeLister{queues: map[string]queue.ActiveTasks{"default": {IDs: []string{"J1"}}}, failed: map[string]error{}}
-		r := reaper.New(&hookedStore{Store: db.Store(), beforeRepair: func() error { return hook(cancel) }}, lister,
+		lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"default": {IDs: []string{"J1"}}}, failed: map[string]error{}}
+		r := reaper.New(&hookedStore{Store: db.Daemon(), beforeRepair: func() error { return hook(cancel) }}, lister,
 			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
 		res, err := runOnce(t, ctx, r)
 		if err != nil {
@@ -128,7 +129,7 @@ func TestPassOutcomeMetrics(t *testing.T) {
 		t.Parallel()
 		db := jobstest.New(t)
 		reg := prometheus.NewRegistry()
-		r := reaper.New(db.Store(), &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}},
+		r := reaper.New(db.Daemon(), &fakeLister{queues: map[string]asynqstate.ActiveTasks{}, failed: map[string]error{}},
 			newMarkers(t, miniRedisClient(t)), reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: reaper.NewMetrics(reg)})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -194,8 +195,8 @@ func TestBadTaskIDsAreSkippedBeforeTheLoad(t *testing.T) {
 	})
 	b.stalled(t, "J1")
 	long := strings.Repeat("L", jobs.MaxIDLength+1)
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"bad\xff", "J1", long}}
-	b.lister.queues["other"] = queue.ActiveTasks{IDs: []string{"nul\x00"}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"bad\xff", "J1", long}}
+	b.lister.queues["other"] = asynqstate.ActiveTasks{IDs: []string{"nul\x00"}}
 	res, err := runOnce(t, context.Background(), b.reaper)
 	if err != nil || res.Reaped != 1 || res.Errors != 0 || res.Scanned != 4 || !equalCounts(res.Skipped, map[string]int{"bad_job_id": 3}) {
 		t.Fatalf("result = %+v, err %v; want J1 reaped and 3 IDs skipped as bad_job_id", res, err)

@@ -14,53 +14,55 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/failpoint"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // IntervalDefault is the time between two daemon passes.
 const IntervalDefault = time.Minute
 
-// Store is what a pass needs from PostgreSQL; *jobs.Store satisfies it.
+// Store is what a pass needs from PostgreSQL; *pgstore.Store satisfies it.
 type Store interface {
-	PassClock(ctx context.Context, p jobs.PassClockParams) (jobs.PassClock, error)
+	PassClock(ctx context.Context, p pgstore.PassClockParams) (pgstore.PassClock, error)
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
-	ReapBatch(ctx context.Context, p jobs.ReapBatchParams) (jobs.ReapBatchResult, error)
-	ListLostCandidates(ctx context.Context, p jobs.LostCandidatesParams) ([]jobs.Snapshot, error)
-	MarkMarkersSet(ctx context.Context, refs []jobs.MarkerRef) error
-	MarkMarkersFailed(ctx context.Context, refs []jobs.MarkerRef) error
-	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]jobs.MissingMarker, error)
-	ListReaped(ctx context.Context, p jobs.ReapedParams) ([]jobs.Reaped, error)
-	CountReaped(ctx context.Context, p jobs.ReapedParams) (int, error)
+	ReapBatch(ctx context.Context, p pgstore.ReapBatchParams) (pgstore.ReapBatchResult, error)
+	ListLostCandidates(ctx context.Context, p pgstore.LostCandidatesParams) ([]jobs.Snapshot, error)
+	MarkMarkersSet(ctx context.Context, refs []pgstore.MarkerRef) error
+	MarkMarkersFailed(ctx context.Context, refs []pgstore.MarkerRef) error
+	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]pgstore.MissingMarker, error)
+	ListReaped(ctx context.Context, p pgstore.ReapedParams) ([]pgstore.Reaped, error)
+	CountReaped(ctx context.Context, p pgstore.ReapedParams) (int, error)
 	ProcessingQueues(ctx context.Context) ([]string, error)
-	StalledWithoutQueue(ctx context.Context, rule jobs.StallRule, limit int) ([]string, error)
-	ListStaleQueued(ctx context.Context, p jobs.StaleQueuedParams) ([]jobs.StaleQueued, error)
+	StalledWithoutQueue(ctx context.Context, rule pgstore.StallRule, limit int) ([]string, error)
+	ListStaleQueued(ctx context.Context, p pgstore.StaleQueuedParams) ([]pgstore.StaleQueued, error)
 	UncoveredStore
-	OpenHolds(ctx context.Context, queues []string) ([]jobs.Hold, error)
-	StartHold(ctx context.Context, p jobs.StartHoldParams) (jobs.Hold, error)
+	OpenHolds(ctx context.Context, queues []string) ([]pgstore.Hold, error)
+	StartHold(ctx context.Context, p pgstore.StartHoldParams) (pgstore.Hold, error)
 	DrainHolds(ctx context.Context, ids []int64, queues []string, now time.Time) error
 }
 
 // Lister lists active tasks and looks single tasks up;
-// *queue.InspectorLister satisfies it.
+// *asynqstate.InspectorLister satisfies it.
 type Lister interface {
-	queue.ActiveLister
-	queue.TaskLookup
+	asynqstate.ActiveLister
+	asynqstate.TaskLookup
 }
 
-// Markers is what a pass needs from the marker store; *queue.MarkerStore
+// Markers is what a pass needs from the marker store; *asynqstate.MarkerWriter
 // satisfies it.
 type Markers interface {
 	Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (bool, error)
 }
 
 // BatchMarkers is a marker store that also writes many markers in one
-// pipeline; *queue.MarkerStore is one. The pass uses SetMany when the
+// pipeline; *asynqstate.MarkerWriter is one. The pass uses SetMany when the
 // store has it, and one Set per marker otherwise.
 type BatchMarkers interface {
 	Markers
-	SetMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
+	SetMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult
 }
 
 // Options configure a Reaper.
@@ -72,9 +74,9 @@ type Options struct {
 	Interval time.Duration
 	// Rule is the stall rule's daemon-wide part. Its OutageEnd is not
 	// read: each pass sets it from its clock reading (OutageGrace).
-	Rule jobs.StallRule
+	Rule pgstore.StallRule
 	// OutageGrace makes idle time never count across a PostgreSQL outage:
-	// each pass reads the last outage end (jobs.Store.PassClock, recording
+	// each pass reads the last outage end (pgstore.Store.PassClock, recording
 	// a new one first when this process saw its connections lost, or
 	// PostgreSQL restarted or was promoted) and a job idle since before it
 	// is held (SkipOutageGrace) until one stall timeout after it. The
@@ -97,7 +99,7 @@ type Options struct {
 	Eviction EvictionChecker
 	// LeaderLease, when set, makes the daemon loop (Start) run passes only
 	// while this replica holds it; the Store's reap transactions must then
-	// check it too (jobs.WithLeaderLease). RunOnce neither takes, waits
+	// check it too (pgstore.WithLeaderLease). RunOnce neither takes, waits
 	// for, nor checks it; a pass reads its key and holder only to know
 	// whether this replica makes the uncovered-queue check (its key sorts
 	// first among the live leader leases). Without it, a pass makes that
@@ -113,7 +115,7 @@ type Options struct {
 	// markers are written (cancel on reap, B30).
 	Canceller Canceller
 	// LoadBatch is how many task IDs one load of rows names (default
-	// jobs.LoadBatchSize); a pass holds one batch of rows at a time, and a
+	// pgstore.LoadBatchSize); a pass holds one batch of rows at a time, and a
 	// batch that fails to load costs only its own tasks.
 	LoadBatch int
 	// MarkerCheckWindow is the time within which every marker of the last
@@ -194,7 +196,7 @@ type Reaper struct {
 // New returns a Reaper. It does not contact anything until RunOnce or Start.
 func New(store Store, lister Lister, markers Markers, opts Options) *Reaper {
 	opts.Interval = cmp.Or(opts.Interval, IntervalDefault)
-	opts.LoadBatch = cmp.Or(opts.LoadBatch, jobs.LoadBatchSize)
+	opts.LoadBatch = cmp.Or(opts.LoadBatch, pgstore.LoadBatchSize)
 	opts.MarkerCheckWindow = cmp.Or(opts.MarkerCheckWindow, MarkerCheckWindowDefault)
 	opts.StaleQueuedAfter = cmp.Or(opts.StaleQueuedAfter, StaleQueuedAfterDefault)
 	opts.StaleQueuedLookups = cmp.Or(opts.StaleQueuedLookups, StaleQueuedLookupsDefault)
@@ -372,7 +374,7 @@ func (r *Reaper) logSkip(id string, snap *jobs.Snapshot, v Verdict, debug bool) 
 	case SkipUnknownType:
 		r.log.Warn("job skipped: no job_types row for its type; insert one", "job_id", id, "type", snap.Type, "reason", v.Skip)
 	case SkipBadRow:
-		r.log.Warn("job skipped: its row holds a value the stall rule cannot be applied to; fix the row", "job_id", jobs.QuoteID(id),
+		r.log.Warn("job skipped: its row holds a value the stall rule cannot be applied to; fix the row", "job_id", idcheck.QuoteID(id),
 			"type", snap.Type, "reason", v.Skip, "value", v.Why)
 	case SkipNoStartTime:
 		r.log.Warn("job skipped: PROCESSING without started_at (not claimed through the start guard)", "job_id", id,

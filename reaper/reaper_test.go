@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -24,10 +26,10 @@ import (
 // tested in package queue against real Redis.
 type fakeLister struct {
 	mu     sync.Mutex
-	queues map[string]queue.ActiveTasks
+	queues map[string]asynqstate.ActiveTasks
 	failed map[string]error
 	// statuses answers TaskStatus by task ID; a missing ID is not found.
-	statuses map[string]queue.TaskStatus
+	statuses map[string]asynqstate.TaskStatus
 	// dead names queues no live asynq server serves.
 	dead  map[string]bool
 	calls int
@@ -35,13 +37,13 @@ type fakeLister struct {
 	liveCalls int
 }
 
-func (f *fakeLister) TaskStatus(_ context.Context, _, id string) (queue.TaskStatus, error) {
+func (f *fakeLister) TaskStatus(_ context.Context, _, id string) (asynqstate.TaskStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if st, ok := f.statuses[id]; ok {
 		return st, nil
 	}
-	return queue.TaskNotFound, nil
+	return asynqstate.TaskNotFound, nil
 }
 
 func (f *fakeLister) Queues(context.Context) ([]string, error) {
@@ -57,39 +59,39 @@ func (f *fakeLister) Queues(context.Context) ([]string, error) {
 	return qs, nil
 }
 
-func (f *fakeLister) ListActive(_ context.Context, q string) (queue.ActiveTasks, error) {
+func (f *fakeLister) ListActive(_ context.Context, q string) (asynqstate.ActiveTasks, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
 	if err := f.failed[q]; err != nil {
-		return queue.ActiveTasks{}, err
+		return asynqstate.ActiveTasks{}, err
 	}
 	tasks, ok := f.queues[q]
 	if !ok {
-		return queue.ActiveTasks{NotFound: true}, nil
+		return asynqstate.ActiveTasks{NotFound: true}, nil
 	}
 	return tasks, nil
 }
 
 // countingMarkers counts the marker writes it passes on.
 type countingMarkers struct {
-	*queue.MarkerStore
+	*markerStore
 	sets int
 }
 
 func (c *countingMarkers) Set(ctx context.Context, jobID string, generation int64, ttl time.Duration) (bool, error) {
 	c.sets++
-	return c.MarkerStore.Set(ctx, jobID, generation, ttl)
+	return c.markerStore.Set(ctx, jobID, generation, ttl)
 }
 
 // SetMany counts the writes it sends: those with a TTL of 1 ms or more.
-func (c *countingMarkers) SetMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult {
+func (c *countingMarkers) SetMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult {
 	for _, w := range writes {
 		if w.TTL.Milliseconds() > 0 {
 			c.sets++
 		}
 	}
-	return c.MarkerStore.SetMany(ctx, writes)
+	return c.markerStore.SetMany(ctx, writes)
 }
 
 // brokenMarkers fails every write, as Redis does during an outage.
@@ -103,7 +105,7 @@ type bundle struct {
 	db      *jobstest.DB
 	lister  *fakeLister
 	redis   *miniredis.Miniredis
-	markers *queue.MarkerStore
+	markers *markerStore
 	metrics *reaper.Metrics
 	reg     *prometheus.Registry
 	reaper  *reaper.Reaper
@@ -118,23 +120,36 @@ func setup(t *testing.T, opts ...func(*reaper.Options)) *bundle {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	reg := prometheus.NewRegistry()
-	b := &bundle{db: db, markers: newMarkers(t, rdb), lister: &fakeLister{queues: map[string]queue.ActiveTasks{}, failed: map[string]error{}},
+	b := &bundle{db: db, markers: newMarkers(t, rdb), lister: &fakeLister{queues: map[string]asynqstate.ActiveTasks{}, failed: map[string]error{}},
 		redis: mr, reg: reg, metrics: reaper.NewMetrics(reg)}
 	o := reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics}
 	for _, f := range opts {
 		f(&o)
 	}
-	b.reaper = reaper.New(db.Store(), b.lister, b.markers, o)
+	b.reaper = reaper.New(db.Daemon(), b.lister, b.markers, o)
 	return b
 }
 
-func newMarkers(t *testing.T, rdb redis.UniversalClient) *queue.MarkerStore {
+// markerStore is the daemon's marker writer and the guard's marker reader
+// over one Redis: the pass writes through it, the tests read back what a
+// guard would see.
+type markerStore struct {
+	*asynqstate.MarkerWriter
+	reader *queue.MarkerStore
+}
+
+// Get reads jobID's marker as the start guard does.
+func (m *markerStore) Get(ctx context.Context, jobID string) (int64, bool, error) {
+	return m.reader.Get(ctx, jobID)
+}
+
+func newMarkers(t testing.TB, rdb redis.UniversalClient) *markerStore {
 	t.Helper()
-	m, err := queue.NewMarkerStore(rdb)
+	r, err := queue.NewMarkerStore(rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	return &markerStore{MarkerWriter: asynqstate.NewMarkerWriter(rdb, 0), reader: r}
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -194,7 +209,7 @@ func TestRunOnce(t *testing.T) {
 			StartedAgo: jobstest.Ago(5 * time.Minute), IdleAgo: 5 * time.Minute})
 		b.db.Insert(t, jobstest.Job{ID: "odd", Type: "no.such.type", Generation: 1,
 			StartedAgo: jobstest.Ago(3 * time.Hour), IdleAgo: time.Hour})
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J5", "J12", "fresh", "odd", "ghost"}, EmptyIDs: 2}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J5", "J12", "fresh", "odd", "ghost"}, EmptyIDs: 2}
 		before12, beforeFresh := b.db.Read(t, "J12"), b.db.Read(t, "fresh")
 
 		res, err := runOnce(t, ctx, b.reaper)
@@ -241,7 +256,7 @@ func TestRunOnce(t *testing.T) {
 		b := setup(t)
 		b.stalled(t, "J1")
 		b.stalled(t, "J2")
-		b.lister.queues["ok"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.queues["ok"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 		b.lister.failed["broken"] = errors.New("redis: i/o timeout")
 		res, err := runOnce(t, ctx, b.reaper)
 		if err != nil {
@@ -271,8 +286,8 @@ func TestRunOnce(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(o *reaper.Options) { o.Queues = []string{"a"} })
 		b.stalled(t, "J1")
-		b.lister.queues["a"] = queue.ActiveTasks{}
-		b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.queues["a"] = asynqstate.ActiveTasks{}
+		b.lister.queues["b"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 		if res, err := runOnce(t, ctx, b.reaper); err != nil || res.Reaped != 0 || b.lister.calls != 1 {
 			t.Fatalf("result = %+v, err = %v, list calls = %d", res, err, b.lister.calls)
 		}
@@ -282,8 +297,8 @@ func TestRunOnce(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
-		r := reaper.New(b.db.Store(), b.lister, brokenMarkers{},
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
+		r := reaper.New(b.db.Daemon(), b.lister, brokenMarkers{},
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
 		res, err := runOnce(t, ctx, r)
 		if err != nil || res.Reaped != 1 || res.Errors != 1 {
@@ -295,8 +310,8 @@ func TestRunOnce(t *testing.T) {
 		// Redis is back: the next pass re-sets the marker with what is left
 		// of its 7 days (here the reap is 2 hours old), and records it.
 		b.db.Exec(t, `UPDATE jobs SET finished_at = finished_at - interval '2 hours' WHERE id = 'J1'`)
-		counting := &countingMarkers{MarkerStore: b.markers}
-		r = reaper.New(b.db.Store(), b.lister, counting,
+		counting := &countingMarkers{markerStore: b.markers}
+		r = reaper.New(b.db.Daemon(), b.lister, counting,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t), Metrics: b.metrics})
 		if res, err := runOnce(t, ctx, r); err != nil || res.Errors != 0 || res.Reaped != 0 {
 			t.Fatalf("repair pass result = %+v, err = %v", res, err)
@@ -319,7 +334,7 @@ func TestRunOnce(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 		b.db.Pool.Close()
 		res, err := runOnce(t, ctx, b.reaper)
 		if !errors.Is(err, reaper.ErrPassFailed) || res.Reaped != 0 || b.lister.calls != 0 {
@@ -331,9 +346,9 @@ func TestRunOnce(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 		// The job progresses between the pass's read and its reap.
-		store := &progressingStore{Store: b.db.Store(), db: b.db, t: t}
+		store := &progressingStore{Store: b.db.Daemon(), db: b.db, t: t}
 		r := reaper.New(store, b.lister, b.markers,
 			reaper.Options{Rule: baselineRule, Logger: testLogger(t)})
 		res, err := runOnce(t, ctx, r)
@@ -351,7 +366,7 @@ func TestRunOnce(t *testing.T) {
 
 // progressingStore moves the job's updated_at after the pass read it.
 type progressingStore struct {
-	*jobs.Store
+	*pgstore.Store
 	db *jobstest.DB
 	t  *testing.T
 }
@@ -374,7 +389,7 @@ func TestStartStop(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(o *reaper.Options) { o.Interval = time.Hour })
 		b.stalled(t, "J1")
-		b.lister.queues["default"] = queue.ActiveTasks{IDs: []string{"J1"}}
+		b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: []string{"J1"}}
 		if err := b.reaper.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -410,8 +425,8 @@ func equalCounts(got, want map[string]int) bool {
 }
 
 // TaskStatuses answers from statuses, as TaskStatus does.
-func (f *fakeLister) TaskStatuses(ctx context.Context, refs []queue.TaskRef) ([]queue.TaskStatus, error) {
-	out := make([]queue.TaskStatus, len(refs))
+func (f *fakeLister) TaskStatuses(ctx context.Context, refs []asynqstate.TaskRef) ([]asynqstate.TaskStatus, error) {
+	out := make([]asynqstate.TaskStatus, len(refs))
 	for i, ref := range refs {
 		out[i], _ = f.TaskStatus(ctx, ref.Queue, ref.ID)
 	}

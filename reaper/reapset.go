@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -47,7 +49,7 @@ func (r *Reaper) judgeLoaded(ctx context.Context, batch []string, now time.Time,
 }
 
 // reapSet reaps stalled jobs (sorted by ID) with reason, in set-based
-// transactions of jobs.ReapBatchSize, then sets the markers of each batch
+// transactions of pgstore.ReapBatchSize, then sets the markers of each batch
 // in one pipeline. A batch that fails (a deadlock, PostgreSQL down) is an
 // error of the pass and nothing of it was written: the next pass retries.
 // With reason stalled the jobs are scanned active tasks, and each one's
@@ -66,7 +68,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason strin
 		return true
 	}
 	complete = true
-	for start := 0; start < len(stalled); start += jobs.ReapBatchSize {
+	for start := 0; start < len(stalled); start += pgstore.ReapBatchSize {
 		if ctx.Err() != nil {
 			return false
 		}
@@ -77,21 +79,21 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason strin
 			scanned(ScannedLeaseLapsed, len(stalled)-start)
 			return false
 		}
-		batch := stalled[start:min(start+jobs.ReapBatchSize, len(stalled))]
-		cands := make([]jobs.ReapCandidate, len(batch))
+		batch := stalled[start:min(start+pgstore.ReapBatchSize, len(stalled))]
+		cands := make([]pgstore.ReapCandidate, len(batch))
 		queues := make(map[string]string, len(batch))
 		for i, sn := range batch {
-			cands[i] = jobs.ReapCandidate{JobID: sn.id, Generation: sn.generation, UpdatedAt: sn.updatedAt()}
+			cands[i] = pgstore.ReapCandidate{JobID: sn.id, Generation: sn.generation, UpdatedAt: sn.updatedAt()}
 			queues[sn.id] = sn.kind.queue
 		}
-		out, err := r.store.ReapBatch(ctx, jobs.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule})
+		out, err := r.store.ReapBatch(ctx, pgstore.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule})
 		for _, f := range out.Failed {
 			r.failed(ctx, res, stageReap, "reap failed for one job (its on_failed cascade); the rest of its batch went on, this job is retried next pass",
 				"job_id", f.JobID, "err", f.Err)
 		}
 		scanned(ScannedReapFailed, len(out.Failed))
 		complete = complete && len(out.Failed) == 0
-		if errors.Is(err, jobs.ErrLeaderLeaseLost) {
+		if errors.Is(err, pgstore.ErrLeaderLeaseLost) {
 			// Not an error of the pass: the leader lease moved on, and the
 			// new leader reaps what is still stalled.
 			r.log.Warn("reap rolled back: this replica's leader lease lapsed before COMMIT; nothing of the batch was written",
@@ -102,7 +104,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason strin
 		if err != nil {
 			scanned(ScannedReapFailed, len(batch)-len(out.Failed))
 			msg := "reap of a batch failed; nothing of it was written, retried next pass"
-			if errors.Is(err, jobs.ErrDeadlock) {
+			if errors.Is(err, pgstore.ErrDeadlock) {
 				msg = "reap of a batch lost a deadlock (an operator cascade locks rows in another order); nothing of it was written, retried next pass"
 			}
 			r.failed(ctx, res, stageReap, msg, "jobs", len(batch), "first_job_id", batch[0].id, "err", err)
@@ -137,28 +139,28 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason strin
 // timeout). Each marker's 7 days run from now, just after the commit. A
 // failed write is counted; the FAILED row still refuses the task, and a
 // later pass re-sets the marker.
-func (r *Reaper) setMarkers(ctx context.Context, reaped []jobs.ReapedJob, res *Result) {
+func (r *Reaper) setMarkers(ctx context.Context, reaped []pgstore.ReapedJob, res *Result) {
 	if len(reaped) == 0 {
 		return
 	}
 	mctx := context.WithoutCancel(ctx)
-	writes := make([]queue.MarkerWrite, len(reaped))
+	writes := make([]asynqstate.MarkerWrite, len(reaped))
 	for i, j := range reaped {
-		writes[i] = queue.MarkerWrite{JobID: j.JobID, Generation: j.Evidence.Generation, TTL: queue.MarkerTTL}
+		writes[i] = asynqstate.MarkerWrite{JobID: j.JobID, Generation: j.Evidence.Generation, TTL: queue.MarkerTTL}
 	}
-	var results []queue.MarkerResult
+	var results []asynqstate.MarkerResult
 	if bm, ok := r.markers.(BatchMarkers); ok {
 		results = bm.SetMany(mctx, writes)
 	} else {
-		results = make([]queue.MarkerResult, len(writes))
+		results = make([]asynqstate.MarkerResult, len(writes))
 		for i, w := range writes {
 			results[i].Set, results[i].Err = r.markers.Set(mctx, w.JobID, w.Generation, w.TTL)
 		}
 	}
-	// The reap recorded every marker as written (jobs.ReapBatch); only the
+	// The reap recorded every marker as written (pgstore.Store.ReapBatch); only the
 	// failed ones are recorded again, so the next pass re-sets them.
 	var (
-		failedRefs []jobs.MarkerRef
+		failedRefs []pgstore.MarkerRef
 		firstErr   error
 	)
 	for i, out := range results {
@@ -166,7 +168,7 @@ func (r *Reaper) setMarkers(ctx context.Context, reaped []jobs.ReapedJob, res *R
 			if firstErr == nil {
 				firstErr = out.Err
 			}
-			failedRefs = append(failedRefs, jobs.MarkerRef{JobID: writes[i].JobID, Generation: writes[i].Generation})
+			failedRefs = append(failedRefs, pgstore.MarkerRef{JobID: writes[i].JobID, Generation: writes[i].Generation})
 		}
 	}
 	if len(failedRefs) == 0 {

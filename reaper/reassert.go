@@ -6,7 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
@@ -16,9 +17,9 @@ const MarkerCheckWindowDefault = time.Hour
 
 // ReassertMarkers is a marker store that re-asserts many markers by
 // reading them first and writing only those not there;
-// *queue.MarkerStore is one. Its answers are SetMany's.
+// *asynqstate.MarkerWriter is one. Its answers are SetMany's.
 type ReassertMarkers interface {
-	ReassertMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult
+	ReassertMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult
 }
 
 // reassertPage is how many reaped jobs one statement reads and one marker
@@ -29,7 +30,7 @@ const reassertPage = 1000
 // the last job re-asserted, and when the cycle began (database clock).
 type reassertState struct {
 	mu         sync.Mutex
-	cursor     jobs.ReapedCursor
+	cursor     pgstore.ReapedCursor
 	cycleStart time.Time
 	// passes counts the passes of the cycle so far.
 	passes int
@@ -69,7 +70,7 @@ func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[s
 	if st.cycleStart.IsZero() {
 		st.cycleStart = now
 	}
-	params := jobs.ReapedParams{Now: now, Within: queue.MarkerTTL, After: st.cursor}
+	params := pgstore.ReapedParams{Now: now, Within: queue.MarkerTTL, After: st.cursor}
 	budget := -1 // every job: run --once
 	if !r.opts.Once {
 		remaining, err := r.store.CountReaped(ctx, params)
@@ -85,7 +86,7 @@ func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[s
 		st.passes++
 		if budget == 0 {
 			// Nothing after the cursor: the next pass starts a new cycle.
-			st.cursor, st.cycleStart, st.passes = jobs.ReapedCursor{}, time.Time{}, 0
+			st.cursor, st.cycleStart, st.passes = pgstore.ReapedCursor{}, time.Time{}, 0
 			return
 		}
 	}
@@ -102,7 +103,7 @@ func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[s
 		done, ok := r.reassertPage(ctx, page, now, tried, hold, res)
 		if done > 0 {
 			last := page[done-1]
-			st.cursor = jobs.ReapedCursor{ReapedAt: last.ReapedAt, ID: last.JobID}
+			st.cursor = pgstore.ReapedCursor{ReapedAt: last.ReapedAt, ID: last.JobID}
 			params.After = st.cursor
 		}
 		if !ok {
@@ -110,7 +111,7 @@ func (r *Reaper) reassertMarkers(ctx context.Context, now time.Time, tried map[s
 		}
 		if len(page) < params.Limit {
 			// The end of the window: the next pass starts a new cycle.
-			st.cursor, st.cycleStart, st.passes = jobs.ReapedCursor{}, time.Time{}, 0
+			st.cursor, st.cycleStart, st.passes = pgstore.ReapedCursor{}, time.Time{}, 0
 			return
 		}
 		if budget > 0 {
@@ -137,10 +138,10 @@ func sliceOf(remaining, passes int) int {
 // pipeline, or, while hold holds the writes, counts the missing markers.
 // It returns how many jobs of the page were dealt with (all of them
 // unless Redis failed as a whole) and false when the slice must end.
-func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.Time, tried map[string]bool, hold *markerHold, res *Result) (int, bool) {
-	writes := make([]queue.MarkerWrite, len(page))
+func (r *Reaper) reassertPage(ctx context.Context, page []pgstore.Reaped, now time.Time, tried map[string]bool, hold *markerHold, res *Result) (int, bool) {
+	writes := make([]asynqstate.MarkerWrite, len(page))
 	for i, j := range page {
-		writes[i] = queue.MarkerWrite{JobID: j.JobID, Generation: j.Generation, TTL: queue.MarkerRemaining(j.ReapedAt, now)}
+		writes[i] = asynqstate.MarkerWrite{JobID: j.JobID, Generation: j.Generation, TTL: asynqstate.MarkerRemaining(j.ReapedAt, now)}
 		if tried[j.JobID] {
 			writes[i].TTL = 0 // SetMany sends nothing for it
 		}
@@ -151,13 +152,13 @@ func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.
 		}
 		return len(page), true
 	}
-	var results []queue.MarkerResult
+	var results []asynqstate.MarkerResult
 	if rm, ok := r.markers.(ReassertMarkers); ok {
 		results = rm.ReassertMany(ctx, writes)
 	} else {
 		results = r.setMany(ctx, writes)
 	}
-	var confirm []jobs.MarkerRef
+	var confirm []pgstore.MarkerRef
 	for i, out := range results {
 		j := page[i]
 		if tried[j.JobID] {
@@ -176,7 +177,7 @@ func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.
 			return i, false
 		}
 		if !j.MarkerConfirmed {
-			confirm = append(confirm, jobs.MarkerRef{JobID: j.JobID, Generation: j.Generation})
+			confirm = append(confirm, pgstore.MarkerRef{JobID: j.JobID, Generation: j.Generation})
 		}
 		if !out.Set {
 			continue // there (this generation or newer), or its 7 days are over
@@ -195,7 +196,7 @@ func (r *Reaper) reassertPage(ctx context.Context, page []jobs.Reaped, now time.
 }
 
 // confirm records written markers in their rows, in one statement.
-func (r *Reaper) confirm(ctx context.Context, refs []jobs.MarkerRef) {
+func (r *Reaper) confirm(ctx context.Context, refs []pgstore.MarkerRef) {
 	if len(refs) == 0 {
 		return
 	}
@@ -208,11 +209,11 @@ func (r *Reaper) confirm(ctx context.Context, refs []jobs.MarkerRef) {
 // otherwise. Without a pipeline, the first failure that is not about its
 // key (Redis unreachable, the call's timeout) is the answer of every write
 // after it too, which are not sent: each would wait for the same timeout.
-func (r *Reaper) setMany(ctx context.Context, writes []queue.MarkerWrite) []queue.MarkerResult {
+func (r *Reaper) setMany(ctx context.Context, writes []asynqstate.MarkerWrite) []asynqstate.MarkerResult {
 	if bm, ok := r.markers.(BatchMarkers); ok {
 		return bm.SetMany(ctx, writes)
 	}
-	out := make([]queue.MarkerResult, len(writes))
+	out := make([]asynqstate.MarkerResult, len(writes))
 	for i, w := range writes {
 		out[i].Set, out[i].Err = r.markers.Set(ctx, w.JobID, w.Generation, w.TTL)
 		if out[i].Err != nil && !errors.Is(out[i].Err, queue.ErrBadMarker) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -104,7 +105,7 @@ func TestReliabilityBadInput_Pass(t *testing.T) {
 			b := setup(t)
 			b.stalled(t, "control")
 			active, empty := tc.setup(t, b)
-			b.lister.queues["default"] = queue.ActiveTasks{IDs: append([]string{"control"}, active...), EmptyIDs: empty}
+			b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: append([]string{"control"}, active...), EmptyIDs: empty}
 			before := readTables(t, b.db)
 
 			res, err := runOnce(t, ctx, b.reaper)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -75,7 +76,7 @@ type Result struct {
 	// and a no_lease task reaped as lost_task counts in both.
 	ScannedBy map[string]int `json:"scanned_by"`
 	// BadQueueNames counts the queue names of the pass that
-	// jobs.CheckName refused (a NUL byte, invalid UTF-8, over
+	// idcheck.CheckName refused (a NUL byte, invalid UTF-8, over
 	// jobs.MaxIDLength bytes): skipped for the pass.
 	BadQueueNames int `json:"bad_queue_names"`
 	// MarkersHeld counts the markers this pass did not write because no
@@ -104,7 +105,7 @@ type Result struct {
 	reapedSeries map[reapSeries]int
 	// rule is the stall rule the pass judges by: Options.Rule with the
 	// outage end of the pass's clock reading.
-	rule jobs.StallRule
+	rule pgstore.StallRule
 	// decided indexes Decisions by job ID.
 	decided map[string]int
 }

@@ -23,7 +23,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/fleettest"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -50,7 +53,7 @@ type scaleWorld struct {
 	rdb    *redis.Client
 	queues []string
 	ids    []string
-	store  *jobs.Store
+	store  *pgstore.Store
 	reaper *reaper.Reaper
 }
 
@@ -76,7 +79,7 @@ func newScaleWorld(b *testing.B, n int, startedAgo, idleAgo time.Duration, casca
 	w.db.Exec(b, `INSERT INTO jobs (id, type, status, generation, worker, queue, parent_id, started_at, updated_at)
 SELECT $1 || '-' || lpad(i::text, 7, '0'), 'bench.task', 'PROCESSING', 1, 'w1', $1 || '-q' || (i % $2), 'P' || (i / 100),
        now() - $3::interval, now() - $4::interval
-  FROM generate_series(0, $5 - 1) AS i`, prefix, scaleQueues, jobs.Interval(startedAgo), jobs.Interval(idleAgo), n)
+  FROM generate_series(0, $5 - 1) AS i`, prefix, scaleQueues, pgcore.Interval(startedAgo), pgcore.Interval(idleAgo), n)
 	w.db.Exec(b, `INSERT INTO jobs (id, type, status, generation, worker, queue, started_at, updated_at, finished_at, marker_set_at, failure_reason)
 SELECT 'done-' || lpad(i::text, 8, '0'), 'bench.task', CASE WHEN i % 20 = 0 THEN 'FAILED' ELSE 'COMPLETED' END, 1, 'w1',
        $1 || '-q' || (i % $2), now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
@@ -101,15 +104,12 @@ SELECT 'done-' || lpad(i::text, 8, '0'), 'bench.task', CASE WHEN i % 20 = 0 THEN
 			b.Fatal(err)
 		}
 	}
-	w.store = w.db.Store(jobs.WithCascades(cascades))
-	lister, err := queue.NewIDLister(w.rdb)
+	w.store = w.db.Daemon(pgstore.WithCascades(cascades))
+	lister, err := asynqstate.NewIDLister(w.rdb)
 	if err != nil {
 		b.Fatal(err)
 	}
-	markers, err := queue.NewMarkerStore(w.rdb)
-	if err != nil {
-		b.Fatal(err)
-	}
+	markers := asynqstate.NewMarkerWriter(w.rdb, 0)
 	w.reaper = reaper.New(w.store, lister, markers, reaper.Options{
 		Queues: w.queues, Rule: baselineRule,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -178,8 +178,8 @@ func (w *scaleWorld) floor(ctx context.Context) (int, error) {
   FROM ` + schema + `.jobs j LEFT JOIN ` + schema + `.job_types t ON t.name = j.type
  WHERE j.id = ANY($1)`
 	read := 0
-	for start := 0; start < len(ids); start += jobs.LoadBatchSize {
-		rows, err := w.db.Pool.Query(ctx, sql, pgx.QueryExecModeExec, ids[start:min(start+jobs.LoadBatchSize, len(ids))])
+	for start := 0; start < len(ids); start += pgstore.LoadBatchSize {
+		rows, err := w.db.Pool.Query(ctx, sql, pgx.QueryExecModeExec, ids[start:min(start+pgstore.LoadBatchSize, len(ids))])
 		if err != nil {
 			return 0, err
 		}
@@ -324,11 +324,11 @@ func (w *scaleWorld) reset(b *testing.B) {
 func (w *scaleWorld) reapFloor(ctx context.Context) (int64, error) {
 	schema := pgx.Identifier{w.db.Schema}.Sanitize()
 	var n int64
-	for start := 0; start < len(w.ids); start += jobs.ReapBatchSize {
+	for start := 0; start < len(w.ids); start += pgstore.ReapBatchSize {
 		batch := &pgx.Batch{}
 		batch.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)`)
 		batch.Queue(`UPDATE `+schema+`.jobs j SET status = 'FAILED', failure_reason = 'stalled', finished_at = now()
-  FROM unnest($1::text[]) AS u(id) WHERE j.id = u.id`, w.ids[start:min(start+jobs.ReapBatchSize, len(w.ids))])
+  FROM unnest($1::text[]) AS u(id) WHERE j.id = u.id`, w.ids[start:min(start+pgstore.ReapBatchSize, len(w.ids))])
 		br := w.db.Pool.SendBatch(ctx, batch)
 		_, err := br.Exec()
 		if err == nil {
@@ -357,11 +357,11 @@ func BenchmarkScaleReap(b *testing.B) {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			w := newScaleWorld(b, n, 31*time.Minute, 21*time.Minute, nil)
 			parents := pgx.Identifier{w.db.Schema, "parents"}.Sanitize()
-			w.store = w.db.Store(jobs.WithCascades(jobs.Cascades{"bench.task": {OnFailed: []string{
+			w.store = w.db.Daemon(pgstore.WithCascades(jobs.Cascades{"bench.task": {OnFailed: []string{
 				`UPDATE ` + parents + ` SET failed = failed + 1 WHERE id = @parent_id`,
 			}}}))
-			lister, _ := queue.NewIDLister(w.rdb)
-			markers, _ := queue.NewMarkerStore(w.rdb)
+			lister, _ := asynqstate.NewIDLister(w.rdb)
+			markers := asynqstate.NewMarkerWriter(w.rdb, 0)
 			// All n stall at once by design: no stall-storm limit (0, 0),
 			// which the daemon's defaults would trip.
 			w.reaper = reaper.New(w.store, lister, markers, reaper.Options{Queues: w.queues, Rule: baselineRule,

@@ -6,17 +6,17 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 )
 
 // ActiveStreamer is a lister that reads many queues' active lists at once
-// and hands them over chunk by chunk as Redis answers; *queue.IDLister is
+// and hands them over chunk by chunk as Redis answers; *asynqstate.IDLister is
 // one. The pass loads and judges one part of the list while Redis still
 // reads and checks the next. A lister without it is read queue by queue
 // with ListActive.
 type ActiveStreamer interface {
-	StreamActive(ctx context.Context, queues []string, fn func(queue.ActiveChunk))
+	StreamActive(ctx context.Context, queues []string, fn func(asynqstate.ActiveChunk))
 }
 
 // scanChunksBuffered bounds the chunks listed ahead of the loads, and so
@@ -47,7 +47,7 @@ type queueScan struct {
 // of it read before the failure were read and checked whole, and their
 // jobs are judged like any other.
 func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time, res *Result, j *judgement) (ids, listed []string, noLease map[string]bool) {
-	chunks := make(chan queue.ActiveChunk, scanChunksBuffered)
+	chunks := make(chan asynqstate.ActiveChunk, scanChunksBuffered)
 	// A panic of the listing is recovered on its goroutine and raised
 	// again on the pass's once the chunks are taken (RunOnce recovers
 	// it). A panic of the pass stops the listing and takes its remaining
@@ -68,12 +68,12 @@ func (r *Reaper) scanActive(ctx context.Context, queues []string, now time.Time,
 			}
 		}()
 		if s, ok := r.lister.(ActiveStreamer); ok {
-			s.StreamActive(lctx, queues, func(c queue.ActiveChunk) { chunks <- c })
+			s.StreamActive(lctx, queues, func(c asynqstate.ActiveChunk) { chunks <- c })
 			return
 		}
 		for _, q := range queues {
 			tasks, err := r.lister.ListActive(lctx, q)
-			chunks <- queue.ActiveChunk{Queue: q, ActiveTasks: tasks, Done: err == nil, Err: err}
+			chunks <- asynqstate.ActiveChunk{Queue: q, ActiveTasks: tasks, Done: err == nil, Err: err}
 		}
 	}()
 	debug := r.log.Enabled(ctx, slog.LevelDebug)
@@ -174,7 +174,7 @@ func (r *Reaper) warnQueuesNotFound(ctx context.Context, res *Result) {
 			r.log.Warn("reading asynq's queue list for a did-you-mean failed", "err", err)
 		}
 		for _, q := range all {
-			if jobs.CheckName("queue name", q) == nil {
+			if idcheck.CheckName("queue name", q) == nil {
 				known = append(known, q)
 			}
 		}

@@ -6,15 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // loadCountingStore counts how often each ID is loaded.
 type loadCountingStore struct {
-	*jobs.Store
+	*pgstore.Store
 	mu    sync.Mutex
 	loads map[string]int
 }
@@ -40,9 +41,9 @@ func TestAnIDListedTwiceIsLoadedAndJudgedOnce(t *testing.T) {
 		b.stalled(t, "J1")
 		b.db.Insert(t, jobstest.Job{ID: "J2", Type: "report.export", Generation: 1, Queue: "a",
 			StartedAgo: jobstest.Ago(5 * time.Minute), IdleAgo: time.Minute})
-		b.lister.queues["a"] = queue.ActiveTasks{IDs: []string{"J1", "J2", "J2"}}
-		b.lister.queues["b"] = queue.ActiveTasks{IDs: []string{"J3", "J2", "J1"}}
-		store := &loadCountingStore{Store: b.db.Store(), loads: map[string]int{}}
+		b.lister.queues["a"] = asynqstate.ActiveTasks{IDs: []string{"J1", "J2", "J2"}}
+		b.lister.queues["b"] = asynqstate.ActiveTasks{IDs: []string{"J3", "J2", "J1"}}
+		store := &loadCountingStore{Store: b.db.Daemon(), loads: map[string]int{}}
 		r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t),
 			Queues: []string{"a", "b"}, LoadBatch: batch})
 		res, err := runOnce(t, context.Background(), r)
@@ -72,8 +73,8 @@ func TestCopiesListedOutOfOrderAreLoadedOnce(t *testing.T) {
 	for _, id := range []string{"J1", "J2", "J3", "J5", "J7", "J9"} {
 		b.stalled(t, id)
 	}
-	b.lister.queues["default"] = queue.ActiveTasks{IDs: listed}
-	store := &loadCountingStore{Store: b.db.Store(), loads: map[string]int{}}
+	b.lister.queues["default"] = asynqstate.ActiveTasks{IDs: listed}
+	store := &loadCountingStore{Store: b.db.Daemon(), loads: map[string]int{}}
 	r := reaper.New(store, b.lister, b.markers, reaper.Options{Rule: baselineRule, Logger: testLogger(t), LoadBatch: 2})
 	res, err := runOnce(t, context.Background(), r)
 	if err != nil || res.Reaped != 6 || res.ReapedBy["stalled"] != 6 || res.ReapedBy["lost_task"] != 0 || res.Errors != 0 {

@@ -33,7 +33,7 @@ type Settings struct {
 	// Cascades is a digest of the cascades (CascadesDigest): the
 	// statements themselves are long, and may name product tables.
 	Cascades string `json:"cascades"`
-	// Redis is the Redis the daemon reads, as queue.RedisID names it
+	// Redis is the Redis the daemon reads, as asynqstate.RedisID names it
 	// (topology, address or master name, database; never a password).
 	Redis string `json:"redis"`
 	// MaxLostPerPass is max_lost_per_pass (0: no limit).

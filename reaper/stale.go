@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
 // Defaults of the stale QUEUED report (Options.StaleQueuedAfter,
@@ -21,7 +21,7 @@ const (
 // far, published to the gauge when the cycle ends.
 type staleState struct {
 	mu     sync.Mutex
-	cursor jobs.StaleCursor
+	cursor pgstore.StaleCursor
 	counts map[string]int
 }
 
@@ -57,20 +57,20 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 		}
 	}()
 	for ctx.Err() == nil {
-		limit := queue.StatusChunk
+		limit := asynqstate.StatusChunk
 		if !r.opts.Once {
 			limit = min(limit, budget)
 		}
-		page, err := r.store.ListStaleQueued(ctx, jobs.StaleQueuedParams{
+		page, err := r.store.ListStaleQueued(ctx, pgstore.StaleQueuedParams{
 			Older: r.opts.StaleQueuedAfter, Queues: r.opts.Queues, After: st.cursor, Limit: limit,
 		})
 		if err != nil {
 			r.failed(ctx, res, stageLoad, "reading old QUEUED jobs failed; retried next pass", "err", err)
 			return
 		}
-		refs := make([]queue.TaskRef, len(page))
+		refs := make([]asynqstate.TaskRef, len(page))
 		for i, row := range page {
-			refs[i] = queue.TaskRef{Queue: row.Queue, ID: row.ID}
+			refs[i] = asynqstate.TaskRef{Queue: row.Queue, ID: row.ID}
 		}
 		statuses, err := state.TaskStatuses(ctx, refs)
 		if err != nil {
@@ -78,7 +78,7 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 			return
 		}
 		for i, row := range page {
-			if s := statuses[i]; s.WillRun() && s != queue.TaskQueueNotFound {
+			if s := statuses[i]; s.WillRun() && s != asynqstate.TaskQueueNotFound {
 				continue
 			}
 			st.counts[labelValue(row.Queue)]++
@@ -90,11 +90,11 @@ func (r *Reaper) reportStaleQueued(ctx context.Context, res *Result) {
 		if len(page) < limit {
 			// The end of the old QUEUED rows: publish the cycle's counts.
 			r.opts.Metrics.staleQueuedCounts(st.counts)
-			st.cursor, st.counts = jobs.StaleCursor{}, nil
+			st.cursor, st.counts = pgstore.StaleCursor{}, nil
 			return
 		}
 		last := page[len(page)-1]
-		st.cursor = jobs.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+		st.cursor = pgstore.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 		if !r.opts.Once {
 			if budget -= len(page); budget <= 0 {
 				return

@@ -9,7 +9,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
 // The uncovered-queue check. Each daemon scans its own queue set, and a
@@ -26,19 +27,19 @@ import (
 // covering anything, and makes no check.
 
 // UncoveredStore is what the uncovered-queue check reads from PostgreSQL;
-// *jobs.Store satisfies it.
+// *pgstore.Store satisfies it.
 type UncoveredStore interface {
-	ListLeaderLeases(ctx context.Context) (jobs.LeaderLeases, error)
-	CountStalledByQueue(ctx context.Context, queues []string, rule jobs.StallRule) (map[string]int, error)
+	ListLeaderLeases(ctx context.Context) (pgstore.LeaderLeases, error)
+	CountStalledByQueue(ctx context.Context, queues []string, rule pgstore.StallRule) (map[string]int, error)
 }
 
 // everyQueueKey is the leader lease key of the set of every queue.
-var everyQueueKey = jobs.LeaderLeaseKey(nil)
+var everyQueueKey = pgstore.LeaderLeaseKey(nil)
 
 // liveKeys returns the keys of the leases of ls that are live on the
 // database clock of their read (ExpiresAt after ls.Now), sorted in byte
 // order (PostgreSQL's COLLATE "C").
-func liveKeys(ls jobs.LeaderLeases) []string {
+func liveKeys(ls pgstore.LeaderLeases) []string {
 	var keys []string
 	for _, row := range ls.Rows {
 		if row.ExpiresAt.After(ls.Now) {
@@ -52,7 +53,7 @@ func liveKeys(ls jobs.LeaderLeases) []string {
 // checksUncovered reports whether the replica holding the leader lease key
 // as holderID makes the uncovered-queue check: key is the first, in byte
 // order, of the live leases of ls, and holderID holds it.
-func checksUncovered(ls jobs.LeaderLeases, key, holderID string) bool {
+func checksUncovered(ls pgstore.LeaderLeases, key, holderID string) bool {
 	keys := liveKeys(ls)
 	if len(keys) == 0 || keys[0] != key {
 		return false
@@ -69,7 +70,7 @@ func checksUncovered(ls jobs.LeaderLeases, key, holderID string) bool {
 // cover together, or all = true when one of them is every queue ("[]").
 // A key that is not a JSON array of strings (not one jobreaper writes)
 // covers nothing.
-func covered(ls jobs.LeaderLeases, own []string) (set map[string]bool, all bool) {
+func covered(ls pgstore.LeaderLeases, own []string) (set map[string]bool, all bool) {
 	set = map[string]bool{}
 	for _, key := range append(liveKeys(ls), own...) {
 		var queues []string
@@ -89,18 +90,18 @@ func covered(ls jobs.LeaderLeases, own []string) (set map[string]bool, all bool)
 // uncoveredQueues returns, sorted and each once, the queues of known that
 // neither a live leader lease of ls (ExpiresAt after ls.Now, the database
 // clock) nor a key of own covers. Keys are leader lease keys
-// (jobs.LeaderLeaseKey: the JSON array of a queue set); "[]" covers every
+// (pgstore.LeaderLeaseKey: the JSON array of a queue set); "[]" covers every
 // queue. own are the keys of this run's own queues (run --once), counted
-// as live. Names jobs.CheckName refuses are left out: no statement nor
+// as live. Names idcheck.CheckName refuses are left out: no statement nor
 // metric label can carry them (the pass warns about them).
-func uncoveredQueues(known []string, ls jobs.LeaderLeases, own []string) []string {
+func uncoveredQueues(known []string, ls pgstore.LeaderLeases, own []string) []string {
 	set, all := covered(ls, own)
 	if all {
 		return nil
 	}
 	var out []string
 	for _, q := range known {
-		if !set[q] && jobs.CheckName("queue name", q) == nil {
+		if !set[q] && idcheck.CheckName("queue name", q) == nil {
 			out = append(out, q)
 		}
 	}
@@ -137,7 +138,7 @@ func (r *Reaper) checkUncovered(ctx context.Context, known []string, res *Result
 		return
 	case lease != nil:
 	case r.opts.Once:
-		if own = []string{jobs.LeaderLeaseKey(r.opts.Queues)}; own[0] == everyQueueKey {
+		if own = []string{pgstore.LeaderLeaseKey(r.opts.Queues)}; own[0] == everyQueueKey {
 			return
 		}
 	default:

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -22,39 +22,39 @@ import (
 func TestUncoveredQueues(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
-	live := func(queues ...string) jobs.LeaderLeaseRow {
-		return jobs.LeaderLeaseRow{Key: jobs.LeaderLeaseKey(queues), HolderID: "h", ExpiresAt: now.Add(time.Second)}
+	live := func(queues ...string) pgstore.LeaderLeaseRow {
+		return pgstore.LeaderLeaseRow{Key: pgstore.LeaderLeaseKey(queues), HolderID: "h", ExpiresAt: now.Add(time.Second)}
 	}
-	expired := func(at time.Time, queues ...string) jobs.LeaderLeaseRow {
-		return jobs.LeaderLeaseRow{Key: jobs.LeaderLeaseKey(queues), HolderID: "h", ExpiresAt: at}
+	expired := func(at time.Time, queues ...string) pgstore.LeaderLeaseRow {
+		return pgstore.LeaderLeaseRow{Key: pgstore.LeaderLeaseKey(queues), HolderID: "h", ExpiresAt: at}
 	}
 	known := []string{"a", "b", "c", "d"}
 	for _, tc := range []struct {
 		name   string
 		known  []string
-		leases []jobs.LeaderLeaseRow
+		leases []pgstore.LeaderLeaseRow
 		own    []string
 		want   []string
 	}{
-		{"TwoSetsLeaveTheOtherQueues", known, []jobs.LeaderLeaseRow{live("a"), live("b")}, nil, []string{"c", "d"}},
-		{"ASetOfSeveralQueuesCoversEach", known, []jobs.LeaderLeaseRow{live("d", "a", "b")}, nil, []string{"c"}},
-		{"EveryQueueCoversAll", known, []jobs.LeaderLeaseRow{live("a"), live()}, nil, nil},
+		{"TwoSetsLeaveTheOtherQueues", known, []pgstore.LeaderLeaseRow{live("a"), live("b")}, nil, []string{"c", "d"}},
+		{"ASetOfSeveralQueuesCoversEach", known, []pgstore.LeaderLeaseRow{live("d", "a", "b")}, nil, []string{"c"}},
+		{"EveryQueueCoversAll", known, []pgstore.LeaderLeaseRow{live("a"), live()}, nil, nil},
 		{"NoLeaseCoversNothing", known, nil, nil, known},
-		{"AnExpiredLeaseCoversNothing", known, []jobs.LeaderLeaseRow{live("a"), expired(now.Add(-time.Second), "b")}, nil,
+		{"AnExpiredLeaseCoversNothing", known, []pgstore.LeaderLeaseRow{live("a"), expired(now.Add(-time.Second), "b")}, nil,
 			[]string{"b", "c", "d"}},
-		{"ALeaseExpiringNowIsExpired", known, []jobs.LeaderLeaseRow{expired(now, "a")}, nil, known},
-		{"AnExpiredEveryQueueLeaseCoversNothing", known, []jobs.LeaderLeaseRow{live("a"), expired(now.Add(-time.Hour))}, nil,
+		{"ALeaseExpiringNowIsExpired", known, []pgstore.LeaderLeaseRow{expired(now, "a")}, nil, known},
+		{"AnExpiredEveryQueueLeaseCoversNothing", known, []pgstore.LeaderLeaseRow{live("a"), expired(now.Add(-time.Hour))}, nil,
 			[]string{"b", "c", "d"}},
-		{"TheRunsOwnQueuesCount", known, []jobs.LeaderLeaseRow{live("a")}, []string{jobs.LeaderLeaseKey([]string{"c"})},
+		{"TheRunsOwnQueuesCount", known, []pgstore.LeaderLeaseRow{live("a")}, []string{pgstore.LeaderLeaseKey([]string{"c"})},
 			[]string{"b", "d"}},
-		{"ARunOfEveryQueueCoversAll", known, []jobs.LeaderLeaseRow{live("a")}, []string{jobs.LeaderLeaseKey(nil)}, nil},
-		{"AKeyThatIsNoQueueSetCoversNothing", known, []jobs.LeaderLeaseRow{{Key: "reports", ExpiresAt: now.Add(time.Hour)},
+		{"ARunOfEveryQueueCoversAll", known, []pgstore.LeaderLeaseRow{live("a")}, []string{pgstore.LeaderLeaseKey(nil)}, nil},
+		{"AKeyThatIsNoQueueSetCoversNothing", known, []pgstore.LeaderLeaseRow{{Key: "reports", ExpiresAt: now.Add(time.Hour)},
 			{Key: "null", ExpiresAt: now.Add(time.Hour)}, live("a")}, nil, []string{"b", "c", "d"}},
 		{"NamesComeOnceSortedAndUsable", []string{"d", "c\x00", "b", "d", "\xff"}, nil, nil, []string{"b", "d"}},
 		{"NoQueueKnown", nil, nil, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := reaper.UncoveredQueues(tc.known, jobs.LeaderLeases{Rows: tc.leases, Now: now}, tc.own...)
+			got := reaper.UncoveredQueues(tc.known, pgstore.LeaderLeases{Rows: tc.leases, Now: now}, tc.own...)
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("UncoveredQueues = %q, want %q", got, tc.want)
 			}
@@ -69,8 +69,8 @@ func TestUncoveredQueues(t *testing.T) {
 func TestChecksUncovered(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
-	a, b, all := jobs.LeaderLeaseKey([]string{"a"}), jobs.LeaderLeaseKey([]string{"b"}), jobs.LeaderLeaseKey(nil)
-	ls := jobs.LeaderLeases{Now: now, Rows: []jobs.LeaderLeaseRow{
+	a, b, all := pgstore.LeaderLeaseKey([]string{"a"}), pgstore.LeaderLeaseKey([]string{"b"}), pgstore.LeaderLeaseKey(nil)
+	ls := pgstore.LeaderLeases{Now: now, Rows: []pgstore.LeaderLeaseRow{
 		{Key: all, HolderID: "hall", ExpiresAt: now.Add(time.Second)},
 		{Key: b, HolderID: "hb", ExpiresAt: now.Add(time.Second)},
 		{Key: a, HolderID: "ha", ExpiresAt: now.Add(time.Second)},
@@ -87,23 +87,23 @@ func TestChecksUncovered(t *testing.T) {
 	if !reaper.ChecksUncovered(ls, b, "hb") || reaper.ChecksUncovered(ls, a, "ha") {
 		t.Error("with a's lease expired, b's holder does not make the check, or a's still does")
 	}
-	if reaper.ChecksUncovered(jobs.LeaderLeases{Now: now}, a, "ha") {
+	if reaper.ChecksUncovered(pgstore.LeaderLeases{Now: now}, a, "ha") {
 		t.Error("with no lease at all, a replica makes the check")
 	}
 }
 
 // uncoveredStore counts the uncovered-queue check's statements.
 type uncoveredStore struct {
-	*jobs.Store
+	*pgstore.Store
 	leaseReads, counts atomic.Int32
 }
 
-func (s *uncoveredStore) ListLeaderLeases(ctx context.Context) (jobs.LeaderLeases, error) {
+func (s *uncoveredStore) ListLeaderLeases(ctx context.Context) (pgstore.LeaderLeases, error) {
 	s.leaseReads.Add(1)
 	return s.Store.ListLeaderLeases(ctx)
 }
 
-func (s *uncoveredStore) CountStalledByQueue(ctx context.Context, queues []string, rule jobs.StallRule) (map[string]int, error) {
+func (s *uncoveredStore) CountStalledByQueue(ctx context.Context, queues []string, rule pgstore.StallRule) (map[string]int, error) {
 	s.counts.Add(1)
 	return s.Store.CountStalledByQueue(ctx, queues, rule)
 }
@@ -120,7 +120,7 @@ func newUncoveredFixture(t *testing.T) *uncoveredFixture {
 	t.Helper()
 	b := setup(t)
 	for _, q := range []string{"a", "b", "c", "d"} {
-		b.lister.queues[q] = queue.ActiveTasks{}
+		b.lister.queues[q] = asynqstate.ActiveTasks{}
 	}
 	for i, q := range []string{"a", "c", "c", "d"} {
 		b.db.Insert(t, jobstest.Job{ID: fmt.Sprintf("J%d-%s", i, q), Type: "report.export", Generation: 1, Queue: q,
@@ -128,7 +128,7 @@ func newUncoveredFixture(t *testing.T) *uncoveredFixture {
 	}
 	b.db.Insert(t, jobstest.Job{ID: "fresh-b", Type: "report.export", Generation: 1, Queue: "b",
 		StartedAgo: jobstest.Ago(time.Minute), IdleAgo: time.Minute})
-	return &uncoveredFixture{b: b, store: &uncoveredStore{Store: b.db.Store()}, log: &logBuffer{}}
+	return &uncoveredFixture{b: b, store: &uncoveredStore{Store: b.db.Daemon()}, log: &logBuffer{}}
 }
 
 // reaper returns a Reaper over the fixture with o's options, logging to
@@ -140,10 +140,10 @@ func (f *uncoveredFixture) reaper(o reaper.Options) *reaper.Reaper {
 }
 
 // lease takes the leader lease of queues as a new holder, valid for ttl.
-func (f *uncoveredFixture) lease(t *testing.T, ttl time.Duration, queues ...string) jobs.LeaderLeaseHolder {
+func (f *uncoveredFixture) lease(t *testing.T, ttl time.Duration, queues ...string) pgstore.LeaderLeaseHolder {
 	t.Helper()
-	h := jobs.NewLeaderLeaseHolder(time.Now())
-	st, err := f.b.db.Store().AcquireLeaderLease(context.Background(), jobs.LeaderLeaseParams{Key: jobs.LeaderLeaseKey(queues), Holder: h, TTL: ttl})
+	h := pgstore.NewLeaderLeaseHolder(time.Now())
+	st, err := f.b.db.Daemon().AcquireLeaderLease(context.Background(), pgstore.LeaderLeaseParams{Key: pgstore.LeaderLeaseKey(queues), Holder: h, TTL: ttl})
 	if err != nil || !st.Held {
 		t.Fatalf("taking the leader lease of %v: held %v, %v", queues, st.Held, err)
 	}
@@ -174,7 +174,7 @@ func TestUncoveredQueueCheck(t *testing.T) {
 		f := newUncoveredFixture(t)
 		f.lease(t, time.Hour, "b")
 		f.lease(t, time.Second, "d")
-		f.b.db.Exec(t, `UPDATE leader_leases SET expires_at = now() - interval '1 second' WHERE key = $1`, jobs.LeaderLeaseKey([]string{"d"}))
+		f.b.db.Exec(t, `UPDATE leader_leases SET expires_at = now() - interval '1 second' WHERE key = $1`, pgstore.LeaderLeaseKey([]string{"d"}))
 		r := f.reaper(reaper.Options{Queues: []string{"a"}, Once: true})
 		res := runPass(t, r)
 		if want := map[string]int{"c": 2, "d": 1}; !maps.Equal(res.UncoveredQueues, want) {
@@ -254,7 +254,7 @@ func TestUncoveredQueueCheck(t *testing.T) {
 		f := newUncoveredFixture(t)
 		ctx := context.Background()
 		daemon := func(q string) (*reaper.Reaper, *reaper.LeaderLease) {
-			l := reaper.NewLeaderLease(f.b.db.Store(), []string{q}, jobs.NewLeaderLeaseHolder(time.Now()), time.Hour,
+			l := reaper.NewLeaderLease(f.b.db.Daemon(), []string{q}, pgstore.NewLeaderLeaseHolder(time.Now()), time.Hour,
 				reaper.NewSettings(time.Hour, 5*time.Minute, 15*time.Minute, []string{q}, nil), testLogger(t), nil)
 			if !l.Attempt(ctx) {
 				t.Fatalf("the daemon of %s does not take its leader lease", q)
@@ -292,7 +292,7 @@ func TestUncoveredQueueCheck(t *testing.T) {
 	t.Run("ADaemonOfEveryQueueReadsNothing", func(t *testing.T) {
 		t.Parallel()
 		f := newUncoveredFixture(t)
-		l := reaper.NewLeaderLease(f.b.db.Store(), nil, jobs.NewLeaderLeaseHolder(time.Now()), time.Hour,
+		l := reaper.NewLeaderLease(f.b.db.Daemon(), nil, pgstore.NewLeaderLeaseHolder(time.Now()), time.Hour,
 			reaper.NewSettings(time.Hour, 5*time.Minute, 15*time.Minute, nil, nil), testLogger(t), nil)
 		if !l.Attempt(context.Background()) {
 			t.Fatal("no leader lease")

@@ -11,6 +11,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -76,7 +79,7 @@ codes: 0 every job was cancelled, 1 a job was refused or a follow-up
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
 			}
-			if err := jobs.CheckOperatorReason(reason); err != nil {
+			if err := pgstore.CheckOperatorReason(reason); err != nil {
 				return cannotRun("cancel needs --reason TEXT, recorded in each job's event: %v", strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
 			}
 			d, cfg, log, err := a.openOps(cmd, config.CancelKeys, true, true)
@@ -104,7 +107,7 @@ type cancelRun struct {
 // returns an exit-1 error when any job was refused or a follow-up failed.
 func (a *app) cancelJobs(ctx context.Context, d *opsDeps, log *slog.Logger, run cancelRun) error {
 	c := jobCanceller{d: d, log: log, reason: run.reason, operator: operatorName(),
-		tasks: queue.NewStatusReader(d.rdb, run.cfg.OpTimeout), canceller: queue.NewCanceller(d.rdb, run.cfg.OpTimeout)}
+		tasks: asynqstate.NewStatusReader(d.rdb, run.cfg.OpTimeout), canceller: asynqstate.NewCanceller(d.rdb, run.cfg.OpTimeout)}
 	bad := 0
 	for _, id := range run.ids {
 		line := c.cancel(ctx, id)
@@ -126,14 +129,14 @@ type jobCanceller struct {
 	d                *opsDeps
 	log              *slog.Logger
 	reason, operator string
-	tasks            *queue.StatusReader
-	canceller        *queue.Canceller
+	tasks            *asynqstate.StatusReader
+	canceller        *asynqstate.Canceller
 }
 
 // cancel cancels job id and says what it did, or why it did nothing.
 func (c jobCanceller) cancel(ctx context.Context, id string) cancelLine {
 	line := cancelLine{JobID: id}
-	res, err := c.d.store.Cancel(ctx, jobs.CancelParams{JobID: id, Reason: c.reason, Operator: c.operator})
+	res, err := c.d.store.Cancel(ctx, pgstore.CancelParams{JobID: id, Reason: c.reason, Operator: c.operator})
 	switch {
 	case errors.Is(err, jobs.ErrBadID):
 		line.Outcome, line.Message = outcomeRefused, strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.Cancel: "), ": "+jobs.ErrBadID.Error())
@@ -159,7 +162,7 @@ func (c jobCanceller) cancel(ctx context.Context, id string) cancelLine {
 	var notes []string
 	// The marker makes the start guard refuse a delivery of the task;
 	// the FAILED row refuses it too while the marker is missing.
-	if _, err := c.d.markers.Set(fctx, id, res.Generation, queue.MarkerTTL); err != nil {
+	if _, err := c.d.writer.Set(fctx, id, res.Generation, queue.MarkerTTL); err != nil {
 		line.Marker = markerNotWritten
 		notes = append(notes, "marker NOT written ("+oneLine(err.Error())+"; the daemon's marker repair re-sets it, and the FAILED row refuses the task meanwhile)")
 	} else {
@@ -173,10 +176,10 @@ func (c jobCanceller) cancel(ctx context.Context, id string) cancelLine {
 	// be asked, the cancel is sent anyway: a server that does not run the
 	// task ignores it.
 	switch line.TaskState {
-	case string(queue.TaskNotFound), string(queue.TaskQueueNotFound):
+	case string(asynqstate.TaskNotFound), string(asynqstate.TaskQueueNotFound):
 		line.Handler = handlerNone
 		notes = append(notes, "no running handler to cancel (asynq holds no task for it)")
-	case string(queue.TaskActive), "":
+	case string(asynqstate.TaskActive), "":
 		if _, err := c.canceller.Cancel(fctx, []string{id}); err != nil {
 			line.Handler = handlerCancelNotSent
 			notes = append(notes, "cancel of the running handler NOT sent ("+oneLine(err.Error())+")")
@@ -200,7 +203,7 @@ func (c jobCanceller) taskState(ctx context.Context, id, rowQueue string) (strin
 	if q == "" {
 		q = queue.QueueDefault
 	}
-	sts, err := c.tasks.TaskStatuses(ctx, []queue.TaskRef{{Queue: q, ID: id}})
+	sts, err := c.tasks.TaskStatuses(ctx, []asynqstate.TaskRef{{Queue: q, ID: id}})
 	if err != nil {
 		c.log.Warn("looking the job's task up in asynq failed; its line says nothing of the task", "job_id", id, "queue", q, "err", err)
 		return q, ""
@@ -212,7 +215,7 @@ func printCancelLine(a *app, line cancelLine, output string) error {
 	if output == outputJSON {
 		return json.NewEncoder(a.stdout).Encode(line)
 	}
-	id := jobs.QuoteID(line.JobID)
+	id := idcheck.QuoteID(line.JobID)
 	var err error
 	switch line.Outcome {
 	case outcomeCancelled:

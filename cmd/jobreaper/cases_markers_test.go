@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -42,7 +43,7 @@ func newB46(t *testing.T) *b46 {
 		asynq.Queue(b46Queue)); err != nil {
 		t.Fatal(err)
 	}
-	reader := queue.NewStatusReader(w.db9, 0)
+	reader := asynqstate.NewStatusReader(w.db9, 0)
 	jobstest.Eventually(t, "a live server serves "+b46Queue+" in database 9", func() bool {
 		live, err := reader.LiveQueues(t.Context())
 		return err == nil && live[b46Queue]

@@ -11,9 +11,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -85,16 +87,13 @@ func TestCase_B28_TaskArchivedBeforeAnyMiddlewareRan(t *testing.T) {
 	}
 	// The per-queue metric, from a daemon's pass.
 	reg := prometheus.NewRegistry()
-	markers, err := queue.NewMarkerStore(f.rdb)
+	markers := asynqstate.NewMarkerWriter(f.rdb, 0)
+	lister, err := asynqstate.NewIDLister(f.rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lister, err := queue.NewIDLister(f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := reaper.New(f.store, lister, markers, reaper.Options{Queues: []string{f.q}, Metrics: reaper.NewMetrics(reg),
-		Asynq: queue.NewStatusReader(f.rdb, 0), Rule: jobs.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute,
+	if _, err := reaper.New(f.db.Daemon(), lister, markers, reaper.Options{Queues: []string{f.q}, Metrics: reaper.NewMetrics(reg),
+		Asynq: asynqstate.NewStatusReader(f.rdb, 0), Rule: pgstore.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute,
 			DefaultHardTimeout: jobs.HardTimeoutDefault}}).RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -109,8 +108,8 @@ func TestCase_B28_TaskArchivedBeforeAnyMiddlewareRan(t *testing.T) {
 
 	r = run(t, f.args("--reason", "deadline passed while the workers were busy", "--stale", "--queues", f.q)...)
 	requireExit(t, r, exitPassErrors)
-	if !strings.Contains(r.stdout, "requeued "+jobs.QuoteID(j28)+": QUEUED -> QUEUED at generation 1; its archived task") ||
-		!strings.Contains(r.stdout, "refused "+jobs.QuoteID(taskless)+": asynq holds no task for it") ||
+	if !strings.Contains(r.stdout, "requeued "+idcheck.QuoteID(j28)+": QUEUED -> QUEUED at generation 1; its archived task") ||
+		!strings.Contains(r.stdout, "refused "+idcheck.QuoteID(taskless)+": asynq holds no task for it") ||
 		!strings.Contains(r.stdout, "the product must enqueue the job again") {
 		t.Fatalf("requeue --stale printed:\n%s", r.stdout)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
@@ -48,7 +49,7 @@ const (
 	// stops per run.
 	faultServiceMin = 4
 	// faultJobsPerRound stalled jobs are added before each fault: two reap
-	// batches (jobs.ReapBatchSize is 1,000), so that a fault can fall
+	// batches (pgstore.ReapBatchSize is 1,000), so that a fault can fall
 	// between two committed batches, between a commit and its markers, or
 	// inside a transaction.
 	faultJobsPerRound = 1500
@@ -125,7 +126,7 @@ func serveLiveQueue(t *testing.T, rdb redis.UniversalClient) {
 		asynq.Queue(faultLiveQueue)); err != nil {
 		t.Fatal(err)
 	}
-	reader := queue.NewStatusReader(rdb, 0)
+	reader := asynqstate.NewStatusReader(rdb, 0)
 	waitUntil(t, faultWait, "a live asynq server serves "+faultLiveQueue, func() bool {
 		live, err := reader.LiveQueues(t.Context())
 		return err == nil && live[faultLiveQueue]

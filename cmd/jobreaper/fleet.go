@@ -12,8 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
-	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -47,7 +48,7 @@ func (m *runMode) register(cmd *cobra.Command) {
 // nothing (run --once, --leader-lease=false).
 type leaderSetup struct {
 	on     bool
-	holder jobs.LeaderLeaseHolder
+	holder pgstore.LeaderLeaseHolder
 	key    string
 	// ttl is the leader lease's TTL, which also bounds how long a reap
 	// transaction may sit idle holding the leader lease row.
@@ -63,24 +64,24 @@ func (m runMode) leader(cfg config.Config, log *slog.Logger) leaderSetup {
 		}
 		return leaderSetup{}
 	}
-	return leaderSetup{on: true, holder: jobs.NewLeaderLeaseHolder(time.Now()), key: jobs.LeaderLeaseKey(cfg.Queues),
+	return leaderSetup{on: true, holder: pgstore.NewLeaderLeaseHolder(time.Now()), key: pgstore.LeaderLeaseKey(cfg.Queues),
 		ttl: reaper.LeaderLeaseTTL(cfg.Interval)}
 }
 
 // storeOptions makes the Store's reap transactions check the leader lease
 // before COMMIT, holding its row until then, and sit idle for at most its
 // TTL, when the daemon uses one.
-func (l leaderSetup) storeOptions() []jobs.StoreOption {
+func (l leaderSetup) storeOptions() []pgstore.Option {
 	if !l.on {
 		return nil
 	}
-	return []jobs.StoreOption{jobs.WithLeaderLease(l.key, l.holder.ID), jobs.WithLeaderLeaseTTL(l.ttl)}
+	return []pgstore.Option{pgstore.WithLeaderLease(l.key, l.holder.ID), pgstore.WithLeaderLeaseTTL(l.ttl)}
 }
 
 // fleetOptions sets the reaper options of the leader lease and cancel on
 // reap. Its error says the Redis URL cannot be named for the settings
 // drift check (which connecting to it has already refused).
-func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) error {
+func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l leaderSetup, rdb redis.UniversalClient, cfg config.Config, log *slog.Logger) error {
 	if l.on {
 		settings, err := m.settings(cfg)
 		if err != nil {
@@ -89,7 +90,7 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderS
 		opts.LeaderLease = reaper.NewLeaderLease(store, cfg.Queues, l.holder, cfg.Interval, settings, log, m.metrics)
 	}
 	if m.cancelOnReap && !m.dryRun {
-		opts.Canceller = queue.NewCanceller(rdb, cfg.OpTimeout)
+		opts.Canceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
 	}
 	return nil
 }
@@ -98,7 +99,7 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *jobs.Store, l leaderS
 // leader, which the replicas of its queue set compare (settings drift):
 // one line per setting.
 func (m runMode) settings(cfg config.Config) (reaper.Settings, error) {
-	redisID, err := queue.RedisID(cfg.RedisURL)
+	redisID, err := asynqstate.RedisID(cfg.RedisURL)
 	if err != nil {
 		return reaper.Settings{}, fmt.Errorf("redis_url: %w", err)
 	}
@@ -145,7 +146,7 @@ func printDryRun(w io.Writer, res reaper.Result, output string) error {
 			worker = "-"
 		}
 		fmt.Fprintf(&b, "%-4s %-16s job %s type %s queue %s generation %d worker %s: runtime %s of max %s, idle %s of stall timeout %s\n",
-			verb, d.Reason, jobs.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
+			verb, d.Reason, idcheck.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
 			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds))
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // Two daemons of the real binary; the leader A reaches PostgreSQL through
@@ -87,11 +87,11 @@ func TestSettingsDriftOfTheBinaryNamesTheRedisItReads(t *testing.T) {
 	if b.Metric("jobreaper_settings_drift") != 1 || a.Metric("jobreaper_settings_drift") != 0 {
 		t.Fatal("jobreaper_settings_drift is not 1 on B and 0 on A while the drift lasts")
 	}
-	mine, err := queue.RedisID(otherRedis)
+	mine, err := asynqstate.RedisID(otherRedis)
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaders, err := queue.RedisID(redisTestURL())
+	leaders, err := asynqstate.RedisID(redisTestURL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -31,32 +34,32 @@ const taskStateUnknown = "unknown"
 // inspectDoc is the JSON form of `jobreaper inspect --output json`. Times
 // are the database's; durations are seconds.
 type inspectDoc struct {
-	JobID           string             `json:"job_id"`
-	Status          string             `json:"status"`
-	Type            string             `json:"type"`
-	Queue           string             `json:"queue"`
-	FailureReason   string             `json:"failure_reason"`
-	Generation      int64              `json:"generation"`
-	FirstGeneration int64              `json:"first_generation"`
-	Worker          string             `json:"worker"`
-	ParentID        string             `json:"parent_id"`
-	TenantID        string             `json:"tenant_id"`
-	Limits          *limitsDoc         `json:"limits"`
-	DBNow           time.Time          `json:"db_now"`
-	CreatedAt       time.Time          `json:"created_at"`
-	StartedAt       *time.Time         `json:"started_at"`
-	UpdatedAt       time.Time          `json:"updated_at"`
-	FinishedAt      *time.Time         `json:"finished_at"`
-	RuntimeSeconds  *float64           `json:"runtime_seconds"`
-	IdleSeconds     float64            `json:"idle_seconds"`
-	Cursor          int64              `json:"cursor"`
-	Total           *int64             `json:"total"`
-	Batches         batchesDoc         `json:"batches"`
-	EventCount      int64              `json:"event_count"`
-	Events          []jobs.EventRecord `json:"events"`
-	MarkerSetAt     *time.Time         `json:"marker_set_at"`
-	Marker          markerDoc          `json:"marker"`
-	TaskState       string             `json:"task_state"`
+	JobID           string                `json:"job_id"`
+	Status          string                `json:"status"`
+	Type            string                `json:"type"`
+	Queue           string                `json:"queue"`
+	FailureReason   string                `json:"failure_reason"`
+	Generation      int64                 `json:"generation"`
+	FirstGeneration int64                 `json:"first_generation"`
+	Worker          string                `json:"worker"`
+	ParentID        string                `json:"parent_id"`
+	TenantID        string                `json:"tenant_id"`
+	Limits          *limitsDoc            `json:"limits"`
+	DBNow           time.Time             `json:"db_now"`
+	CreatedAt       time.Time             `json:"created_at"`
+	StartedAt       *time.Time            `json:"started_at"`
+	UpdatedAt       time.Time             `json:"updated_at"`
+	FinishedAt      *time.Time            `json:"finished_at"`
+	RuntimeSeconds  *float64              `json:"runtime_seconds"`
+	IdleSeconds     float64               `json:"idle_seconds"`
+	Cursor          int64                 `json:"cursor"`
+	Total           *int64                `json:"total"`
+	Batches         batchesDoc            `json:"batches"`
+	EventCount      int64                 `json:"event_count"`
+	Events          []pgstore.EventRecord `json:"events"`
+	MarkerSetAt     *time.Time            `json:"marker_set_at"`
+	Marker          markerDoc             `json:"marker"`
+	TaskState       string                `json:"task_state"`
 	// TaskTimeoutSeconds and TaskDeadline are the asynq task's Timeout and
 	// Deadline, as the producer enqueued it (asynq cancels a handler at the
 	// earlier of the two); null when the task has none, or asynq does not
@@ -75,8 +78,8 @@ type limitsDoc struct {
 }
 
 type batchesDoc struct {
-	Count int64              `json:"count"`
-	Last  []jobs.BatchRecord `json:"last"`
+	Count int64                 `json:"count"`
+	Last  []pgstore.BatchRecord `json:"last"`
 }
 
 type markerDoc struct {
@@ -162,11 +165,11 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 	rec, err := d.store.Inspect(ctx, id, inspectBatches, inspectEvents)
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
-		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s not found in schema %q (check the ID and --schema)", jobs.QuoteID(id), cfg.Schema)}
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s not found in schema %q (check the ID and --schema)", idcheck.QuoteID(id), cfg.Schema)}
 	case errors.Is(err, jobs.ErrInvalidArgument) || errors.Is(err, jobs.ErrBadID):
-		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s cannot exist: %v", jobs.QuoteID(id), err)}
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s cannot exist: %v", idcheck.QuoteID(id), err)}
 	case err != nil:
-		return inspectDoc{}, cannotRun("reading job %s: %s", jobs.QuoteID(id), oneLine(err.Error()))
+		return inspectDoc{}, cannotRun("reading job %s: %s", idcheck.QuoteID(id), oneLine(err.Error()))
 	}
 	doc := inspectDoc{
 		JobID: rec.ID, Status: rec.Status, Type: rec.Type, Queue: rec.Queue, FailureReason: rec.FailureReason,
@@ -177,10 +180,10 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		EventCount: rec.EventCount, Events: rec.Events, MarkerSetAt: rec.MarkerSetAt,
 	}
 	if doc.Batches.Last == nil {
-		doc.Batches.Last = []jobs.BatchRecord{}
+		doc.Batches.Last = []pgstore.BatchRecord{}
 	}
 	if doc.Events == nil {
-		doc.Events = []jobs.EventRecord{}
+		doc.Events = []pgstore.EventRecord{}
 	}
 	if rec.Runtime != nil {
 		s := rec.Runtime.Seconds()
@@ -218,12 +221,12 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		switch {
 		case err != nil:
 			doc.TaskState = "error: " + oneLine(err.Error())
-		case st == queue.TaskQueueNotFound:
-			doc.TaskState = string(queue.TaskNotFound)
+		case st == asynqstate.TaskQueueNotFound:
+			doc.TaskState = string(asynqstate.TaskNotFound)
 		default:
 			doc.TaskState = string(st)
 		}
-		if err == nil && st != queue.TaskNotFound && st != queue.TaskQueueNotFound {
+		if err == nil && st != asynqstate.TaskNotFound && st != asynqstate.TaskQueueNotFound {
 			taskLimits(d, rec.Queue, id, &doc)
 		}
 	}
@@ -266,7 +269,7 @@ func printInspect(w io.Writer, doc inspectDoc) error {
 	if doc.FailureReason != "" {
 		status += " (" + doc.FailureReason + ")"
 	}
-	line("job", "%s", jobs.QuoteID(doc.JobID))
+	line("job", "%s", idcheck.QuoteID(doc.JobID))
 	line("status", "%s", status)
 	line("type", "%s", doc.Type)
 	line("queue", "%s", orNone(doc.Queue))

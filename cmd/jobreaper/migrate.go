@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -52,7 +53,7 @@ since it may be a misspelt --schema.`,
 			}
 			if err != nil {
 				return cannotRun("migrating schema %q of the PostgreSQL database %s failed: %v; nothing after the failed version was applied, fix the cause and run migrate again",
-					cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
+					cfg.Schema, redact.URL(cfg.DatabaseURL), err)
 			}
 			if len(applied) == 0 {
 				fmt.Fprintf(a.stdout, "schema %q is up to date: no migration applied\n", cfg.Schema)

@@ -15,15 +15,18 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
 // opsDeps are what an operator command works with; close releases them.
 type opsDeps struct {
-	store   *jobs.Store
-	rdb     redis.UniversalClient // nil for commands that use only PostgreSQL
+	store *pgstore.Store
+	rdb   redis.UniversalClient // nil for commands that use only PostgreSQL
+	// markers reads markers (inspect); writer writes them (cancel).
 	markers *queue.MarkerStore
+	writer  *asynqstate.MarkerWriter
 	close   func()
 }
 
@@ -36,11 +39,11 @@ func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRe
 	if err != nil {
 		return nil, err
 	}
-	opts := []jobs.StoreOption{jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout)}
+	opts := []pgstore.Option{pgstore.WithSchema(cfg.Schema), pgstore.WithOpTimeout(cfg.OpTimeout)}
 	if cascades {
-		opts = append(opts, jobs.WithCascades(cfg.Cascades))
+		opts = append(opts, pgstore.WithCascades(cfg.Cascades))
 	}
-	d := &opsDeps{store: jobs.NewStore(pool, opts...), close: pool.Close}
+	d := &opsDeps{store: pgstore.New(pool, opts...), close: pool.Close}
 	if cascades {
 		if err := d.store.PrepareCascades(ctx); err != nil {
 			pool.Close()
@@ -71,7 +74,7 @@ func (a *app) openOps(cmd *cobra.Command, keys []string, withRedis, cascades boo
 	return d, cfg, log, err
 }
 
-// attachRedis connects d to Redis: d.rdb and d.markers. On failure d is
+// attachRedis connects d to Redis: d.rdb, d.markers and d.writer. On failure d is
 // unchanged and the error is connectRedis's exit-2 error (or the marker
 // store's), naming the server and what to check.
 func (d *opsDeps) attachRedis(ctx context.Context, cfg config.Config, log *slog.Logger) error {
@@ -85,7 +88,7 @@ func (d *opsDeps) attachRedis(ctx context.Context, cfg config.Config, log *slog.
 		return cannotRun("%v", err)
 	}
 	closePG := d.close
-	d.rdb, d.markers = rdb, markers
+	d.rdb, d.markers, d.writer = rdb, markers, asynqstate.NewMarkerWriter(rdb, cfg.OpTimeout)
 	d.close = func() {
 		closeWith(log.With("component", "main"), "Redis client", rdb.Close)
 		closePG()
@@ -94,8 +97,8 @@ func (d *opsDeps) attachRedis(ctx context.Context, cfg config.Config, log *slog.
 }
 
 // taskLookup returns asynq's view of single tasks over d's Redis.
-func (d *opsDeps) taskLookup(cfg config.Config) (queue.TaskLookup, error) {
-	l, err := queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(d.rdb), queue.WithPageSize(cfg.PageSize))
+func (d *opsDeps) taskLookup(cfg config.Config) (asynqstate.TaskLookup, error) {
+	l, err := asynqstate.NewInspectorLister(asynq.NewInspectorFromRedisClient(d.rdb), asynqstate.WithPageSize(cfg.PageSize))
 	if err != nil {
 		return nil, cannotRun("%v", err)
 	}
@@ -139,7 +142,7 @@ and records nothing. It contacts only PostgreSQL.`,
 			if err != nil {
 				return cannotRun("--older-than %q: %v", olderThan, err)
 			}
-			if age < jobs.PruneMinAge {
+			if age < pgstore.PruneMinAge {
 				return &exitError{code: exitPassErrors, err: fmt.Errorf(
 					"refused: --older-than %s is less than 8 days; a reaped job's marker lives 7 days, and its history is kept for a day more; nothing deleted", olderThan)}
 			}
@@ -148,7 +151,7 @@ and records nothing. It contacts only PostgreSQL.`,
 				return err
 			}
 			defer d.close()
-			res, err := d.store.Prune(cmd.Context(), jobs.PruneParams{OlderThan: age, DryRun: dryRun, Operator: operatorName()})
+			res, err := d.store.Prune(cmd.Context(), pgstore.PruneParams{OlderThan: age, DryRun: dryRun, Operator: operatorName()})
 			verb := "deleted"
 			if dryRun {
 				verb = "would delete"

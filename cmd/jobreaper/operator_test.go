@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -208,7 +209,7 @@ func TestInspectCommand(t *testing.T) {
 		doc.Total == nil || *doc.Total != 30 || doc.Limits == nil || doc.Limits.MaxRuntimeSeconds != 1800 ||
 		doc.RuntimeSeconds == nil || doc.EventCount != 1 || len(doc.Events) != 1 || doc.Events[0].Kind != "claimed" ||
 		!doc.Marker.Present || *doc.Marker.Generation != 1 || doc.Marker.TTLSeconds == nil ||
-		*doc.Marker.TTLSeconds <= 0 || *doc.Marker.TTLSeconds > 3600 || doc.TaskState != string(queue.TaskPending) {
+		*doc.Marker.TTLSeconds <= 0 || *doc.Marker.TTLSeconds > 3600 || doc.TaskState != string(asynqstate.TaskPending) {
 		t.Fatalf("document = %+v", doc)
 	}
 

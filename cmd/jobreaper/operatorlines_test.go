@@ -11,6 +11,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -111,7 +113,7 @@ func TestRequeue_JobWhoseTaskWaitsInRetry(t *testing.T) {
 
 	r = run(t, f.args("--config", file, "--replace-waiting", "--reason", "upstream fixed", id)...)
 	requireExit(t, r, exitOK)
-	if want := "requeued " + jobs.QuoteID(id) + ": FAILED -> QUEUED at generation 2; its retry task in queue \"" + f.q + "\" was replaced by a new one\n"; r.stdout != want {
+	if want := "requeued " + idcheck.QuoteID(id) + ": FAILED -> QUEUED at generation 2; its retry task in queue \"" + f.q + "\" was replaced by a new one\n"; r.stdout != want {
 		t.Fatalf("stdout = %q, want %q", r.stdout, want)
 	}
 	if row := f.db.Read(t, id); row.Status != jobs.StatusQueued || row.Generation != 2 {
@@ -172,7 +174,7 @@ func TestCancelWithoutARunningHandler(t *testing.T) {
 	f.enqueue(t, pending)
 	f.db.Insert(t, jobstest.Job{ID: taskless, Type: "report.export", Status: jobs.StatusQueued, Queue: f.q})
 	t.Cleanup(func() { f.rdb.Del(context.Background(), queue.MarkerKey(pending), queue.MarkerKey(taskless)) })
-	sub := f.rdb.Subscribe(t.Context(), queue.CancelChannel)
+	sub := f.rdb.Subscribe(t.Context(), asynqstate.CancelChannel)
 	t.Cleanup(func() { _ = sub.Close() })
 	if _, err := sub.Receive(t.Context()); err != nil { // the subscription's confirmation
 		t.Fatal(err)
@@ -180,8 +182,8 @@ func TestCancelWithoutARunningHandler(t *testing.T) {
 
 	r := run(t, opsArgs(f.db, "cancel", "--reason", "not needed", pending, taskless)...)
 	requireExit(t, r, exitOK)
-	want := "cancelled job " + jobs.QuoteID(pending) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds its task pending)\n" +
-		"cancelled job " + jobs.QuoteID(taskless) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds no task for it)\n"
+	want := "cancelled job " + idcheck.QuoteID(pending) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds its task pending)\n" +
+		"cancelled job " + idcheck.QuoteID(taskless) + " (was QUEUED, generation 0): marker set, no running handler to cancel (asynq holds no task for it)\n"
 	if r.stdout != want {
 		t.Fatalf("stdout = %q, want %q", r.stdout, want)
 	}
@@ -192,7 +194,7 @@ func TestCancelWithoutARunningHandler(t *testing.T) {
 	// published: a sentinel published after the command arrives first
 	// only when the command published no cancel.
 	const sentinel = "sentinel-after-the-command"
-	if err := f.rdb.Publish(t.Context(), queue.CancelChannel, sentinel).Err(); err != nil {
+	if err := f.rdb.Publish(t.Context(), asynqstate.CancelChannel, sentinel).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for {

@@ -96,7 +96,7 @@ func (r *readiness) check(ctx context.Context) {
 	}()
 	problems := map[string]string{}
 	pctx, cancel := context.WithTimeout(ctx, r.opTimeout)
-	// A statement, not pgx's Ping: the pool's tracer (jobs.ConnWatch) sees
+	// A statement, not pgx's Ping: the pool's tracer (pgstore.ConnWatch) sees
 	// statements, and a connection this check finds lost counts for the
 	// outage grace like one the pass finds.
 	if _, err := r.pool.Exec(pctx, "SELECT 1"); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -59,7 +60,7 @@ in effect for those queues (nothing changed), 2 when it could not run.`,
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
 			}
-			if err := jobs.CheckOperatorReason(reason); err != nil {
+			if err := pgstore.CheckOperatorReason(reason); err != nil {
 				return cannotRun("release-hold needs --reason TEXT, recorded in the hold's row: %v",
 					strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
 			}
@@ -68,7 +69,7 @@ in effect for those queues (nothing changed), 2 when it could not run.`,
 				return err
 			}
 			defer d.close()
-			released, err := d.store.ReleaseHolds(cmd.Context(), jobs.ReleaseHoldsParams{Queues: cfg.Queues, By: operatorName(), Reason: reason})
+			released, err := d.store.ReleaseHolds(cmd.Context(), pgstore.ReleaseHoldsParams{Queues: cfg.Queues, By: operatorName(), Reason: reason})
 			if err != nil {
 				return cannotRun("releasing the stall-storm holds failed, nothing was released: %s", oneLine(err.Error()))
 			}
@@ -95,7 +96,7 @@ in effect for those queues (nothing changed), 2 when it could not run.`,
 
 // printReleased writes the holds released, one line each or one JSON
 // document; queues are those asked for, for the line saying none was.
-func printReleased(w io.Writer, released []jobs.Hold, output string, queues []string) error {
+func printReleased(w io.Writer, released []pgstore.Hold, output string, queues []string) error {
 	if output == outputJSON {
 		doc := releaseHoldDoc{Released: []releasedHold{}}
 		for _, h := range released {

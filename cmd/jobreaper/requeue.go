@@ -12,8 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 )
 
 // requeueLine is one line of requeue's output, one per job.
@@ -42,7 +44,7 @@ const (
 
 // staleLookupPage is how many stale QUEUED rows requeue --stale reads and
 // looks up in asynq at a time (one pipeline).
-const staleLookupPage = queue.StatusChunk
+const staleLookupPage = asynqstate.StatusChunk
 
 func (a *app) requeueCmd() *cobra.Command {
 	var (
@@ -132,7 +134,7 @@ type requeueRun struct {
 	staleAfter time.Duration
 	reason     string
 	output     string
-	// replaceWaiting: queue.WithReplaceWaiting.
+	// replaceWaiting: asynqstate.WithReplaceWaiting.
 	replaceWaiting bool
 }
 
@@ -146,7 +148,7 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 	}
 	defer d.close()
 	store, rdb := d.store, d.rdb
-	rq := queue.NewRequeuer(rdb, store, queue.WithReplaceWaiting(run.replaceWaiting))
+	rq := asynqstate.NewRequeuer(rdb, store, asynqstate.WithReplaceWaiting(run.replaceWaiting))
 	bad := 0
 	one := func(id string) error {
 		line := requeueLine{JobID: id}
@@ -161,10 +163,10 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 			line.Generation = &done.Generation
 		}
 		switch {
-		case errors.Is(err, queue.ErrRequeueRefused):
+		case errors.Is(err, asynqstate.ErrRequeueRefused):
 			bad++
 			line.Outcome = outcomeRefused
-			line.Message = strings.TrimPrefix(err.Error(), "job "+id+": "+queue.ErrRequeueRefused.Error()+": ")
+			line.Message = strings.TrimPrefix(err.Error(), "job "+id+": "+asynqstate.ErrRequeueRefused.Error()+": ")
 		case err != nil:
 			bad++
 			line.Outcome, line.Message = outcomeError, err.Error()
@@ -182,7 +184,7 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 			}
 		}
 	} else {
-		found, err := eachStaleQueued(ctx, store, queue.NewStatusReader(rdb, cfg.OpTimeout), cfg.Queues, run.staleAfter, one)
+		found, err := eachStaleQueued(ctx, store, asynqstate.NewStatusReader(rdb, cfg.OpTimeout), cfg.Queues, run.staleAfter, one)
 		if err != nil {
 			return &exitError{code: exitPassErrors, err: fmt.Errorf("looking for stale QUEUED jobs failed after %d job(s): %w", found, err)}
 		}
@@ -201,25 +203,25 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 // its queue unknown), reading the rows page by page and looking each
 // page's tasks up in one pipeline. It returns how many jobs it passed to
 // fn.
-func eachStaleQueued(ctx context.Context, store *jobs.Store, statuses *queue.StatusReader, queues []string,
+func eachStaleQueued(ctx context.Context, store *pgstore.Store, statuses *asynqstate.StatusReader, queues []string,
 	older time.Duration, fn func(id string) error) (int, error) {
 	found := 0
-	var after jobs.StaleCursor
+	var after pgstore.StaleCursor
 	for {
-		page, err := store.ListStaleQueued(ctx, jobs.StaleQueuedParams{Older: older, Queues: queues, After: after, Limit: staleLookupPage})
+		page, err := store.ListStaleQueued(ctx, pgstore.StaleQueuedParams{Older: older, Queues: queues, After: after, Limit: staleLookupPage})
 		if err != nil {
 			return found, err
 		}
-		refs := make([]queue.TaskRef, len(page))
+		refs := make([]asynqstate.TaskRef, len(page))
 		for i, row := range page {
-			refs[i] = queue.TaskRef{Queue: row.Queue, ID: row.ID}
+			refs[i] = asynqstate.TaskRef{Queue: row.Queue, ID: row.ID}
 		}
 		sts, err := statuses.TaskStatuses(ctx, refs)
 		if err != nil {
 			return found, err
 		}
 		for i, row := range page {
-			if sts[i].WillRun() && sts[i] != queue.TaskQueueNotFound {
+			if sts[i].WillRun() && sts[i] != asynqstate.TaskQueueNotFound {
 				continue // pending, scheduled, retry, active: asynq will run it
 			}
 			found++
@@ -231,7 +233,7 @@ func eachStaleQueued(ctx context.Context, store *jobs.Store, statuses *queue.Sta
 			return found, nil
 		}
 		last := page[len(page)-1]
-		after = jobs.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
+		after = pgstore.StaleCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 	}
 }
 
@@ -240,7 +242,7 @@ func printRequeueLine(a *app, line requeueLine, output string) error {
 		return json.NewEncoder(a.stdout).Encode(line)
 	}
 	var err error
-	id := jobs.QuoteID(line.JobID)
+	id := idcheck.QuoteID(line.JobID)
 	switch line.Outcome {
 	case outcomeRequeued:
 		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one\n",

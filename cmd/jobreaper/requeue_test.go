@@ -11,6 +11,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -61,11 +63,7 @@ func (f *requeueFixture) reaped(t *testing.T, id string) {
 	}
 	f.db.Exec(t, `UPDATE jobs SET status = 'FAILED', failure_reason = 'stalled', generation = 1, worker = 'w-dead',
        started_at = now() - interval '31 minutes', finished_at = now(), marker_set_at = now() WHERE id = $1`, id)
-	markers, err := queue.NewMarkerStore(f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := markers.Set(t.Context(), id, 1, queue.MarkerTTL); err != nil {
+	if _, err := asynqstate.NewMarkerWriter(f.rdb, 0).Set(t.Context(), id, 1, queue.MarkerTTL); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.rdb.Del(context.Background(), queue.MarkerKey(id)) })
@@ -145,7 +143,7 @@ func TestRequeue_ReapedJobRunsAgainToCompletionThroughTheGuard(t *testing.T) {
 	before := f.db.Read(t, id)
 	r = run(t, f.args("--reason", "again", id)...)
 	requireExit(t, r, exitPassErrors)
-	if !strings.HasPrefix(r.stdout, "refused "+jobs.QuoteID(id)+": it is COMPLETED") || f.db.Read(t, id) != before {
+	if !strings.HasPrefix(r.stdout, "refused "+idcheck.QuoteID(id)+": it is COMPLETED") || f.db.Read(t, id) != before {
 		t.Fatalf("second requeue: stdout %q, row %+v (before %+v)", r.stdout, f.db.Read(t, id), before)
 	}
 }
@@ -191,7 +189,7 @@ func TestRequeue_RefusalsExitOneAndChangeNothing(t *testing.T) {
 		before := snapshot(j)
 		r := run(t, f.args("--reason", "try", j)...)
 		requireExit(t, r, exitPassErrors)
-		if !strings.HasPrefix(r.stdout, "refused "+jobs.QuoteID(j)+": ") || !strings.Contains(r.stdout, why) || strings.Count(r.stdout, "\n") != 1 {
+		if !strings.HasPrefix(r.stdout, "refused "+idcheck.QuoteID(j)+": ") || !strings.Contains(r.stdout, why) || strings.Count(r.stdout, "\n") != 1 {
 			t.Errorf("%s: stdout %q, want one line refusing it because %s", j, r.stdout, why)
 		}
 		if after := snapshot(j); after != before {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -145,8 +146,8 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		store := jobs.NewStore(pool, jobs.WithSchema(db.Schema))
-		p := jobs.PassClockParams{Grace: true, Record: true, RecordedBy: "roles:1"}
+		store := pgstore.New(pool, pgstore.WithSchema(db.Schema))
+		p := pgstore.PassClockParams{Grace: true, Record: true, RecordedBy: "roles:1"}
 		if c, err := store.PassClock(ctx, p); err != nil || c.Cause != "first_record" || c.TimelineRefused {
 			t.Fatalf("the first pass's clock as the reaper role: %+v, %v", c, err)
 		}
@@ -193,14 +194,14 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		holder := jobs.NewLeaderLeaseHolder(time.Now())
-		key := jobs.LeaderLeaseKey([]string{"default"})
-		store := jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithLeaderLease(key, holder.ID))
-		st, err := store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: key, Holder: holder, TTL: time.Minute})
+		holder := pgstore.NewLeaderLeaseHolder(time.Now())
+		key := pgstore.LeaderLeaseKey([]string{"default"})
+		store := pgstore.New(pool, pgstore.WithSchema(db.Schema), pgstore.WithLeaderLease(key, holder.ID))
+		st, err := store.AcquireLeaderLease(ctx, pgstore.LeaderLeaseParams{Key: key, Holder: holder, TTL: time.Minute})
 		if err != nil || !st.Held {
 			t.Fatalf("taking the leader lease as the reaper role: %+v, %v", st, err)
 		}
-		if st, err = store.AcquireLeaderLease(ctx, jobs.LeaderLeaseParams{Key: key, Holder: holder, TTL: time.Minute}); err != nil || !st.Held {
+		if st, err = store.AcquireLeaderLease(ctx, pgstore.LeaderLeaseParams{Key: key, Holder: holder, TTL: time.Minute}); err != nil || !st.Held {
 			t.Fatalf("renewing it: %+v, %v", st, err)
 		}
 		// A reap transaction ends with the leader lease check.
@@ -211,9 +212,9 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := store.ReapBatch(ctx, jobs.ReapBatchParams{Reason: jobs.ReasonStalled,
-			Rule:       jobs.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute, DefaultHardTimeout: jobs.HardTimeoutDefault},
-			Candidates: []jobs.ReapCandidate{{JobID: id, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}}})
+		out, err := store.ReapBatch(ctx, pgstore.ReapBatchParams{Reason: jobs.ReasonStalled,
+			Rule:       pgstore.StallRule{DefaultStallTimeout: 15 * time.Minute, MinStallTimeout: 11 * time.Minute, DefaultHardTimeout: jobs.HardTimeoutDefault},
+			Candidates: []pgstore.ReapCandidate{{JobID: id, Generation: sn.Generation, UpdatedAt: sn.UpdatedAt}}})
 		if err != nil || len(out.Reaped) != 1 {
 			t.Fatalf("a reap with the leader lease check as the reaper role: %+v, %v", out, err)
 		}

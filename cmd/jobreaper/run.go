@@ -23,8 +23,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
-	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
@@ -166,7 +168,7 @@ type deps struct {
 func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runMode) (*deps, error) {
 	// Every statement of the pool, the pass's, the leader lease's and the
 	// readiness check's, tells the outage grace when connections were lost.
-	watch := jobs.NewConnWatch(cfg.OpTimeout)
+	watch := pgstore.NewConnWatch(cfg.OpTimeout)
 	pool, err := connectMigrated(ctx, cfg, watch.Install)
 	if err != nil {
 		return nil, err
@@ -180,19 +182,15 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		closeWith(log.With("component", "main"), "Redis client", rdb.Close)
 		pool.Close()
 	}
-	markers, err := queue.NewMarkerStore(rdb, queue.WithMarkerOpTimeout(cfg.OpTimeout))
-	if err != nil {
-		closeAll()
-		return nil, cannotRun("%v", err)
-	}
+	markers := asynqstate.NewMarkerWriter(rdb, cfg.OpTimeout)
 	lister, err := newLister(cfg, rdb)
 	if err != nil {
 		closeAll()
 		return nil, cannotRun("%v; check --page-size", err)
 	}
 	leader := mode.leader(cfg, log)
-	store := jobs.NewStore(pool, append(leader.storeOptions(),
-		jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout), jobs.WithCascades(cfg.Cascades), jobs.WithConnWatch(watch))...)
+	store := pgstore.New(pool, append(leader.storeOptions(),
+		pgstore.WithSchema(cfg.Schema), pgstore.WithOpTimeout(cfg.OpTimeout), pgstore.WithCascades(cfg.Cascades), pgstore.WithConnWatch(watch))...)
 	// A misspelt table in a cascade fails here, not at the first reap, and
 	// so does a statement that would end the reap's transaction (ROLLBACK).
 	if err := store.PrepareCascades(ctx); err != nil {
@@ -206,7 +204,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		Rule:     cfg.StallRule(),
 		Logger:   log,
 		Metrics:  mode.metrics,
-		Eviction: queue.NewPolicyReader(rdb, cfg.OpTimeout),
+		Eviction: asynqstate.NewPolicyReader(rdb, cfg.OpTimeout),
 		DryRun:   mode.dryRun,
 
 		OutageGrace: cfg.OutageGraceOn(),
@@ -220,7 +218,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 
 		StaleQueuedAfter:   cfg.StaleQueuedAfter,
 		StaleQueuedLookups: cfg.StaleQueuedLookupsPerPass,
-		Asynq:              queue.NewStatusReader(rdb, cfg.OpTimeout),
+		Asynq:              asynqstate.NewStatusReader(rdb, cfg.OpTimeout),
 
 		RedisName: redisName(cfg.RedisURL),
 		Suggest:   config.Closest,
@@ -299,7 +297,7 @@ func checkQueuesKnown(ctx context.Context, lister reaper.Lister, queues []string
 	if err != nil {
 		return cannotRun("--strict-queues: reading asynq's queue list in Redis %s failed: %v", redis, err)
 	}
-	known := slices.DeleteFunc(all, func(q string) bool { return jobs.CheckName("queue name", q) != nil })
+	known := slices.DeleteFunc(all, func(q string) bool { return idcheck.CheckName("queue name", q) != nil })
 	var unknown []string
 	for _, q := range queues {
 		if slices.Contains(known, q) {
@@ -590,7 +588,7 @@ func queuesAttr(queues []string) string {
 // closing rdb is enough.
 func newLister(cfg config.Config, rdb redis.UniversalClient) (reaper.Lister, error) {
 	if cfg.Lister == config.ListerInspector {
-		return queue.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), queue.WithPageSize(cfg.PageSize))
+		return asynqstate.NewInspectorLister(asynq.NewInspectorFromRedisClient(rdb), asynqstate.WithPageSize(cfg.PageSize))
 	}
-	return queue.NewIDLister(rdb, queue.WithPageSize(cfg.PageSize))
+	return asynqstate.NewIDLister(rdb, asynqstate.WithPageSize(cfg.PageSize))
 }

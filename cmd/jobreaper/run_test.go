@@ -18,6 +18,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
@@ -506,7 +507,7 @@ func TestRedisName(t *testing.T) {
 		"unix://:s3cret@/run/redis.sock?db=4":        "unix:/run/redis.sock db 4",
 	} {
 		if got := redisName(raw); got != want || strings.Contains(got, "s3cret") {
-			t.Errorf("redisName(%s) = %q, want %q", jobs.RedactURL(raw), got, want)
+			t.Errorf("redisName(%s) = %q, want %q", redact.URL(raw), got, want)
 		}
 	}
 }

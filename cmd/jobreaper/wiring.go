@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
@@ -95,7 +96,7 @@ func durationAsString(_ []string, a slog.Attr) slog.Attr {
 
 // connectPostgres opens the pool to cfg's database and schema, each of
 // configure adjusting the pool's configuration first (the daemon's
-// jobs.ConnWatch). Errors name the database with its password redacted and
+// pgstore.ConnWatch). Errors name the database with its password redacted and
 // say what to check.
 func connectPostgres(ctx context.Context, cfg config.Config, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	pool, err := jobs.Connect(ctx, cfg.DatabaseURL, cfg.Schema, configure...)
@@ -136,11 +137,10 @@ func connectMigrated(ctx context.Context, cfg config.Config, configure ...func(*
 // tables and every migration this binary ships, looking each table up by
 // its qualified name (so the answer holds behind a transaction-mode
 // pooler), so that a wrong --schema or a forgotten `jobreaper migrate` is
-// reported before any pass instead of failing each one.
+// reported before any pass instead of failing each one. It is the check a
+// worker makes (jobs.Store.CheckSchema), bounded by the operation timeout.
 func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) error {
-	ctx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
-	defer cancel()
-	err := jobs.CheckMigrated(ctx, pool, cfg.Schema)
+	err := jobs.NewStore(pool, jobs.WithSchema(cfg.Schema), jobs.WithOpTimeout(cfg.OpTimeout)).CheckSchema(ctx)
 	switch {
 	case errors.Is(err, jobs.ErrNotMigrated):
 		// The error names the schema, what is missing and the command; the
@@ -148,11 +148,11 @@ func requireMigrated(ctx context.Context, pool *pgxpool.Pool, cfg config.Config)
 		// reads "schema "x" has no jobreaper tables ...; run ... (database
 		// postgres://app@db:5432/app)".
 		return cannotRun("%s (database %s)",
-			strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckMigrated: "), ": "+jobs.ErrNotMigrated.Error()),
-			jobs.RedactURL(cfg.DatabaseURL))
+			strings.TrimSuffix(strings.TrimPrefix(err.Error(), "jobs.CheckSchema: "), ": "+jobs.ErrNotMigrated.Error()),
+			redact.URL(cfg.DatabaseURL))
 	case err != nil:
 		return cannotRun("cannot read schema %q (database %s): %v; check the database and --schema",
-			cfg.Schema, jobs.RedactURL(cfg.DatabaseURL), err)
+			cfg.Schema, redact.URL(cfg.DatabaseURL), err)
 	}
 	return nil
 }
@@ -168,7 +168,7 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 	}
 	// Without ContextTimeoutEnabled (which NewRedisClient sets) go-redis
 	// ignores context deadlines, and the per-call timeouts of
-	// queue.MarkerStore would not bound a hung Redis.
+	// the marker reader and writer would not bound a hung Redis.
 	rdb, _, err := queue.NewRedisClient(cfg.RedisURL, queue.RedisClientOptions{RootCAs: roots,
 		TLSServerName: cfg.RedisTLSServerName, OpTimeout: cfg.OpTimeout})
 	if err != nil { // Validate parsed it already; kept for safety
@@ -186,11 +186,11 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 			}
 		}
 		if hint := tlsHint(err, redisTLSSettings); hint != "" {
-			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", jobs.RedactURL(cfg.RedisURL), reason, hint)
+			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", redact.URL(cfg.RedisURL), reason, hint)
 		}
 		return nil, &exitError{code: exitCannotRun, err: redisDownError{fmt.Errorf(
 			"cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
-			jobs.RedactURL(cfg.RedisURL), reason)}}
+			redact.URL(cfg.RedisURL), reason)}}
 	}
 	return rdb, nil
 }

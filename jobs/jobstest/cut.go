@@ -40,7 +40,7 @@ const (
 
 // Cuttable returns a pool over d's schema (the URL's search_path) that
 // starts open and is closed at cleanup. Each of configure adjusts the
-// pool's configuration first (jobs.ConnWatch.Install: the daemon's
+// pool's configuration first (pgstore.ConnWatch.Install: the daemon's
 // tracer).
 func (d *DB) Cuttable(t testing.TB, configure ...func(*pgxpool.Config)) *Cuttable {
 	t.Helper()

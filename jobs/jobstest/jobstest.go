@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
@@ -157,14 +159,14 @@ func (d *DB) Insert(t testing.TB, j Job) {
 	}
 	var started any
 	if j.StartedAgo != nil {
-		started = jobs.Interval(*j.StartedAgo)
+		started = pgcore.Interval(*j.StartedAgo)
 	}
 	d.Exec(t, `INSERT INTO `+d.Table("jobs")+` (id, type, status, generation, queue, parent_id, tenant_id, worker,
                   started_at, updated_at, total, "cursor", progress_mark)
 VALUES ($1, $2, $3, $4, nullif($5, ''), nullif($6, ''), nullif($7, ''), nullif($8, ''),
         now() - $9::interval, now() - $10::interval, $11, $12, $13)`,
 		j.ID, j.Type, j.Status, j.Generation, j.Queue, j.ParentID, j.TenantID, j.Worker,
-		started, jobs.Interval(j.IdleAgo), j.Total, j.Cursor, j.ProgressMark)
+		started, pgcore.Interval(j.IdleAgo), j.Total, j.Cursor, j.ProgressMark)
 }
 
 // Row is the part of a jobs row tests assert on.
@@ -255,4 +257,10 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Daemon returns the daemon's store (internal/pgstore) over Pool on the
+// test's schema, with opts applied after pgstore.WithSchema.
+func (d *DB) Daemon(opts ...pgstore.Option) *pgstore.Store {
+	return pgstore.New(d.Pool, append([]pgstore.Option{pgstore.WithSchema(d.Schema)}, opts...)...)
 }

@@ -102,7 +102,7 @@ func (w *world) event(ctx context.Context, id, kind, match string) (detail []byt
 	return detail, true, nil
 }
 
-// evidence is the detail of a reaped event (see jobs.Evidence).
+// evidence is the detail of a reaped event (see pgstore.Evidence).
 type evidence struct {
 	Reason              string    `json:"reason"`
 	Generation          int64     `json:"generation"`

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobreaper/jobreaper/jobs"
+	"github.com/jobreaper/jobreaper/internal/redact"
 )
 
 // probeTimeout bounds the check whether anything answers at an address:
@@ -56,7 +56,7 @@ func (d *demo) startEnv(ctx context.Context) (*env, error) {
 		return e, err
 	}
 	if answers(ctx, pgNet, pgAddr) {
-		d.say("PostgreSQL: %s", jobs.RedactURL(e.databaseURL))
+		d.say("PostgreSQL: %s", redact.URL(e.databaseURL))
 	} else {
 		find := d.opts.findPostgres
 		if find == nil {
@@ -81,7 +81,7 @@ func (d *demo) startEnv(ctx context.Context) (*env, error) {
 		return e, err
 	}
 	if answers(ctx, rNet, rAddr) {
-		d.say("Redis: %s", jobs.RedactURL(e.redisURL))
+		d.say("Redis: %s", redact.URL(e.redisURL))
 	} else {
 		// asynq v0.26.0 runs on miniredis: its Lua scripts, the lease and
 		// requeue paths and the Inspector calls the story uses all work
@@ -106,7 +106,7 @@ func postgresAddr(databaseURL string) (network, addr string, err error) {
 	if err != nil {
 		// pgconn's errors can quote the URL, password included.
 		return "", "", fmt.Errorf("%w: database URL %s is not a valid PostgreSQL URL: use postgres://user:password@host:5432/db",
-			errCannotRun, jobs.RedactURL(databaseURL))
+			errCannotRun, redact.URL(databaseURL))
 	}
 	if filepath.IsAbs(cfg.Host) {
 		return "unix", filepath.Join(cfg.Host, ".s.PGSQL."+strconv.Itoa(int(cfg.Port))), nil
@@ -119,7 +119,7 @@ func redisAddr(redisURL string) (network, addr string, err error) {
 	opt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return "", "", fmt.Errorf("%w: Redis URL %s is not valid: use redis://[:password@]host:port/db",
-			errCannotRun, jobs.RedactURL(redisURL))
+			errCannotRun, redact.URL(redisURL))
 	}
 	return opt.Network, opt.Addr, nil
 }

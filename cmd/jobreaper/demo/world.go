@@ -15,6 +15,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/config"
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
+	"github.com/jobreaper/jobreaper/internal/redact"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/reaper"
@@ -116,30 +120,30 @@ func (d *demo) newWorld(ctx context.Context, e *env) (*world, error) {
 	w.pool, w.store = pool, jobs.NewStore(pool, jobs.WithSchema(w.schema))
 	ropt, err := redis.ParseURL(w.cfg.RedisURL)
 	if err != nil {
-		return w, fmt.Errorf("%w: Redis URL %s: %w", errCannotRun, jobs.RedactURL(w.cfg.RedisURL), err)
+		return w, fmt.Errorf("%w: Redis URL %s: %w", errCannotRun, redact.URL(w.cfg.RedisURL), err)
 	}
 	w.rdb = redis.NewClient(ropt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = w.rdb.Ping(pctx).Err()
 	cancel()
 	if err != nil {
-		return w, fmt.Errorf("%w: Redis at %s answers but refuses the demo: %w (set %s)", errCannotRun, jobs.RedactURL(w.cfg.RedisURL), err, EnvRedisURL)
+		return w, fmt.Errorf("%w: Redis at %s answers but refuses the demo: %w (set %s)", errCannotRun, redact.URL(w.cfg.RedisURL), err, EnvRedisURL)
 	}
 	if w.markers, err = queue.NewMarkerStore(w.rdb); err != nil {
 		return w, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	w.insp = asynq.NewInspectorFromRedisClient(w.rdb)
 	w.client = asynq.NewClientFromRedisClient(w.rdb)
-	lister, err := queue.NewInspectorLister(w.insp, queue.WithPageSize(w.cfg.PageSize))
+	lister, err := asynqstate.NewInspectorLister(w.insp, asynqstate.WithPageSize(w.cfg.PageSize))
 	if err != nil {
 		return w, fmt.Errorf("%w: %w", errCannotRun, err)
 	}
 	// The status reader tells the passes which queues live asynq servers
 	// serve (the demo's worker serves its queue): marker re-assertion and
 	// lost-task reaps are held without one, as the daemon's are.
-	w.reaper = reaper.New(w.store, lister, w.markers, reaper.Options{
+	w.reaper = reaper.New(pgstore.New(pool, pgstore.WithSchema(w.schema)), lister, asynqstate.NewMarkerWriter(w.rdb, 0), reaper.Options{
 		Queues: w.cfg.Queues, Interval: w.cfg.Interval, Rule: w.cfg.StallRule(), Logger: d.logs.reaper, OutageGrace: w.cfg.OutageGraceOn(),
-		Asynq:             queue.NewStatusReader(w.rdb, w.cfg.OpTimeout),
+		Asynq:             asynqstate.NewStatusReader(w.rdb, w.cfg.OpTimeout),
 		MaxStalledPerPass: w.cfg.MaxStalledPerPass, MaxStalledFraction: w.cfg.MaxStalledFraction,
 		StallStormHold: w.cfg.StallStormHold,
 	})
@@ -179,7 +183,7 @@ func (w *world) seed(ctx context.Context) error {
 		for _, typ := range []string{typeHung, typeProgress, typeFinish, typeCourse} {
 			// stall_timeout NULL: the daemon-wide 3s applies.
 			if _, err := tx.Exec(ctx, w.sql(`INSERT INTO {schema}.job_types (name, max_runtime, hard_timeout) VALUES ($1, $2, $3)`),
-				typ, jobs.Interval(demoMaxRuntime), jobs.Interval(demoHardTimeout)); err != nil {
+				typ, pgcore.Interval(demoMaxRuntime), pgcore.Interval(demoHardTimeout)); err != nil {
 				return err
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 	"github.com/jobreaper/jobreaper/queue/redistest"
@@ -18,7 +19,8 @@ import (
 func TestSoakCheckFindsEachBrokenRule(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	markers, err := queue.NewMarkerStore(redistest.Start(t).Client(t))
+	rdb := redistest.Start(t).Client(t)
+	markers, err := queue.NewMarkerStore(rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +37,7 @@ func TestSoakCheckFindsEachBrokenRule(t *testing.T) {
 			reapedGeneration: &gen1, reapedDetail: detail, updatedAt: reapedAt, lateRejected: 3}
 	}
 	for _, id := range []string{"J-stall", "J-late"} {
-		if _, err := markers.Set(ctx, id, 1, time.Hour); err != nil {
+		if _, err := asynqstate.NewMarkerWriter(rdb, 0).Set(ctx, id, 1, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
