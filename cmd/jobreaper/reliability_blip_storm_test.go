@@ -64,7 +64,7 @@ func stormJobCount(t *testing.T) int {
 // 20 hung jobs for 60 s, and `jobreaper release-hold` (the binary) ends
 // that hold: its next pass reaps them at once. And 50 jobs of a fourth
 // queue, whose handlers stop heartbeating one after another (one every
-// 400 ms), are reaped as they stall, a few per pass, no hold.
+// 600 ms), are reaped as they stall, a few per pass, no hold.
 //
 // Figures: jobs held, reaped after the hold, live jobs reaped (must be
 // 0), the time from the hold's end, and from the release, to the reap.
@@ -85,8 +85,11 @@ func TestReliabilityBlip_HungJobsAreHeldThenReapedTogether(t *testing.T) {
 
 	// The trickle: its daemon runs throughout.
 	dT := f.daemon("the trickle daemon", qt)
+	// One stops every 600 ms: with its last heartbeat up to 2.2 s before
+	// it stops, and passes a loaded machine delays by a second or two, a
+	// pass sees about 5 of them at most, half the 10 a storm needs.
 	for i, id := range trickle {
-		f.enqueue(qt, blipLive, []string{id}, blipJob{Kind: "heartbeat", HangAfter: (3*time.Second + time.Duration(i)*400*time.Millisecond).String()})
+		f.enqueue(qt, blipLive, []string{id}, blipJob{Kind: "heartbeat", HangAfter: (3*time.Second + time.Duration(i)*600*time.Millisecond).String()})
 	}
 	// The storm.
 	f.enqueue(qa, blipLive, live, blipJob{Kind: "heartbeat"})
