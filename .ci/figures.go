@@ -8,12 +8,13 @@
 //
 // Numbers of the same suite and name are summed over the tests that
 // recorded them (interleavings, faults, jobs, inputs, violations, rows
-// lost), except the percentiles and memory figures (names holding p50,
-// p99 or rss), of which the largest is shown: a sum of two p99s means
-// nothing. Strings (seeds) are listed, each once. A suite without figures
-// reads "not run". It exits 1 when any suite counted an invariant
-// violation or a lost row, or when a line of FILE cannot be read (a
-// dropped line could hide one); 2 when FILE cannot be opened.
+// lost, live jobs reaped), except the percentiles, maxima and memory
+// figures (names holding p50, p99, max or rss), of which the largest is
+// shown: a sum of two p99s means nothing. Strings (seeds) are listed,
+// each once. A suite without figures reads "not run". It exits 1 when any
+// suite counted an invariant violation, a lost row or a live job reaped
+// by a blip (the blip suite's live_reaped), or when a line of FILE cannot
+// be read (a dropped line could hide one); 2 when FILE cannot be opened.
 //
 // It is a single file run with go run, kept out of the module's packages
 // (the .ci directory is ignored by ./...), so that the report needs
@@ -132,11 +133,12 @@ func read(in io.Reader) *report {
 // keepsLargest reports whether figures named name are shown as their
 // largest value rather than their sum.
 func keepsLargest(name string) bool {
-	return strings.Contains(name, "p50") || strings.Contains(name, "p99") || strings.Contains(name, "rss")
+	return strings.Contains(name, "p50") || strings.Contains(name, "p99") || strings.Contains(name, "max") ||
+		strings.Contains(name, "rss")
 }
 
 // The suites of the report, in its order.
-var suiteOrder = []string{"race", "faults", "soak", "badinput"}
+var suiteOrder = []string{"race", "faults", "soak", "blip", "badinput"}
 
 // number returns the figure as text ("not run" when its suite recorded
 // nothing, "-" when the suite ran without it).
@@ -159,8 +161,8 @@ func format(v float64) string {
 	return strconv.FormatFloat(v, 'f', 1, 64)
 }
 
-// print writes the table and reports whether a violation or a lost row
-// was counted.
+// print writes the table and reports whether a violation, a lost row or
+// a live job reaped by a blip was counted.
 func (r *report) print(w io.Writer) (failed bool) {
 	row := func(figure, value string) { fmt.Fprintf(w, "| %s | %s |\n", figure, value) }
 	fmt.Fprintln(w, "| figure | value |")
@@ -178,6 +180,12 @@ func (r *report) print(w io.Writer) (failed bool) {
 		r.number("soak", "jobs_failed", "")}, " / "))
 	row("soak: reap delay p50 / p99", r.number("soak", "reap_delay_p50_ms", " ms")+" / "+r.number("soak", "reap_delay_p99_ms", " ms"))
 	row("soak: reaper RSS first / last quarter", r.number("soak", "rss_first_quarter_mib", " MiB")+" / "+r.number("soak", "rss_last_quarter_mib", " MiB"))
+	row("blip: stall-storm jobs held / reaped together after the hold", r.number("blip", "storm_jobs_held", "")+" / "+
+		r.number("blip", "storm_jobs_reaped_after_hold", ""))
+	row("blip: hold end to reap / release-hold to reap", r.number("blip", "hold_end_to_reap_max_ms", " ms")+" / "+
+		r.number("blip", "release_to_reap_max_ms", " ms"))
+	row("blip: PostgreSQL restart downtime / live jobs through it", r.number("blip", "restart_downtime_s", " s")+" / "+
+		r.number("blip", "restart_live_jobs", ""))
 	row("bad input: inputs tried", r.number("badinput", "inputs", ""))
 
 	var violations, lost float64
@@ -207,6 +215,15 @@ func (r *report) print(w io.Writer) (failed bool) {
 	}
 	row("invariant violations (must be 0)", verdict(violations, perSuite))
 	row("rows lost (must be 0)", verdict(lost, perSuiteLost))
+	liveReaped, blipRan := 0.0, false
+	if t := r.suites["blip"]; t != nil {
+		liveReaped, blipRan = t.numbers["live_reaped"]
+	}
+	if blipRan {
+		row("blip: live jobs reaped (must be 0)", verdict(liveReaped, []string{"blip " + format(liveReaped)}))
+	} else {
+		row("blip: live jobs reaped (must be 0)", r.number("blip", "live_reaped", ""))
+	}
 
 	var seeds []string
 	for _, s := range r.suiteNames() {
@@ -218,7 +235,7 @@ func (r *report) print(w io.Writer) (failed bool) {
 		seeds = []string{"none recorded"}
 	}
 	row("seeds", strings.Join(seeds, ", "))
-	return violations != 0 || lost != 0
+	return violations != 0 || lost != 0 || liveReaped != 0
 }
 
 // suiteNames lists the suites that recorded figures: the known ones in

@@ -19,15 +19,21 @@
 //     a metrics server on a free port; its log captured; /metrics,
 //     /readyz and /healthz scraped; signalled; its exit code waited for.
 //   - Worker (worker.go): the worker program of package
-//     internal/fleettest/worker, with its own relays; it says what its
-//     handlers do on stdout, one line each, which the test awaits.
+//     internal/fleettest/worker, with its own relays, serving one queue
+//     or several; it says what its handlers do on stdout, one line each,
+//     which the test awaits, and takes commands on stdin (Tell: a
+//     heartbeating job hangs or finishes, a waiting handler goes on).
+//     Its job kinds (complete, hang, heartbeat, fail, error, nil,
+//     completed) cover a live job, a stalled one and each outcome a
+//     handler can return; its doc comment lists them.
 //   - Metric, Probe (probe.go): one scrape or probe of any metrics
 //     address, also for a daemon the test runs in-process.
 //
 // Every wait polls with a deadline (Deadline, 10x what a slow shared CI
 // machine needs); every process is killed at the test's cleanup, and its
-// log is shown when the test failed. Later scenarios (outages, storms)
-// add their steps on top of these pieces instead of copying them.
+// log is shown when the test failed. The scenarios (outages, storms,
+// finalization blips in cmd/jobreaper's blip tests) add their steps on
+// top of these pieces instead of copying them.
 package fleettest
 
 import "time"

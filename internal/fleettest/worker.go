@@ -2,8 +2,10 @@ package fleettest
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,11 +23,11 @@ type WorkerOptions struct {
 	// DatabaseURL and RedisURL go through relays of the worker's own
 	// (Worker.PG, Worker.Redis); Schema is jobreaper's schema.
 	DatabaseURL, Schema, RedisURL string
-	// Queue is the asynq queue it serves.
+	// Queue is the asynq queue it serves, or several, comma-separated.
 	Queue string
 	// Args are more flags: --kind, --heartbeat-every, --run-for,
-	// --heartbeat-interval, --concurrency, --retry-delay,
-	// --shutdown-timeout.
+	// --hang-after, --code, --heartbeat-interval, --concurrency,
+	// --retry-delay, --shutdown-timeout.
 	Args []string
 }
 
@@ -122,6 +124,51 @@ func (w *Worker) Await(t testing.TB, prefix string) string {
 		return false
 	})
 	return found
+}
+
+// Count returns how many lines the worker said so far start with prefix
+// (how often a job started: "start J-1 ").
+func (w *Worker) Count(prefix string) int {
+	n := 0
+	for _, line := range w.Said() {
+		if strings.HasPrefix(line, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// Tell sends the worker a command ("hang J-1", "finish all", "go J-2": the
+// worker program's doc comment lists them), waits until the worker says it
+// applied it, and returns to how many running handlers. It fails t when
+// the worker refused the command, exits first, or after Deadline.
+func (w *Worker) Tell(t testing.TB, command string) int {
+	t.Helper()
+	from := len(w.Said())
+	if _, err := fmt.Fprintln(w.stdin, command); err != nil {
+		t.Fatalf("telling %s %q: %v", w.Name, command, err)
+	}
+	prefix := "did " + command + ": "
+	var answer string
+	WaitFor(t, w.Name+" applies "+command, func() bool {
+		for _, line := range w.Said()[from:] {
+			if strings.HasPrefix(line, prefix) {
+				answer = strings.TrimPrefix(line, prefix)
+				return true
+			}
+		}
+		select {
+		case <-w.exited:
+			t.Fatalf("%s exited (%s) while the test waited for it to apply %q", w.Name, w.cmd.ProcessState, command)
+		default:
+		}
+		return false
+	})
+	n, err := strconv.Atoi(strings.TrimSuffix(answer, " handler(s)"))
+	if err != nil {
+		t.Fatalf("%s refused %q: %s", w.Name, command, answer)
+	}
+	return n
 }
 
 // Signal sends sig to the worker.

@@ -1,25 +1,61 @@
 // Command worker is the worker process of the multi-process tests
 // (package internal/fleettest builds and starts it): an asynq server
-// behind the start guard, whose handler does what the job's payload, or
-// the --kind flag, says:
+// behind the start guard, serving the queues of --queue (comma-separated),
+// whose handler does what the job's payload, or the --kind flag, says:
 //
 //	complete   complete the job at once through CompleteWith
 //	hang       do nothing until the handler's context ends (a reap's
 //	           cancel, a shutdown), then return its error
 //	heartbeat  heartbeat every --heartbeat-every through a
 //	           jobs.Heartbeater with an advancing mark, for --run-for
-//	           (0: until the context ends), then complete: a job that
-//	           runs longer than its max_runtime and must not be reaped
+//	           (0: until the context ends or a finish command), then
+//	           complete through CompleteWith: a job that runs longer than
+//	           its max_runtime and must not be reaped. After --hang-after
+//	           (0: never), or at a hang command, it stops heartbeating and
+//	           does what hang does: a job that really stalled
+//	fail       return queue.Failure(--code, an error): the job's handler
+//	           failed with that code (FAILED with it on the last attempt,
+//	           released for asynq's retry before)
+//	error      return a plain error: released for asynq's retry while
+//	           retries are left
+//	nil        return nil without completing: COMPLETED for a type marked
+//	           auto_complete, FAILED no_completion otherwise
+//	completed  complete through CompleteWith, then return nil: a handler
+//	           whose completion was confirmed before it returned
 //
 // A payload of JSON {"kind": "...", "heartbeat_every": "200ms",
-// "run_for": "5s"} overrides the flags per job (each field optional).
+// "run_for": "5s", "hang_after": "3s", "code": "upstream_down",
+// "wait": true, "retry_kind": "complete"} overrides the flags per job
+// (each field optional; durations in Go syntax). With "wait", the first
+// attempt's handler says it waits and does nothing more until a go
+// command names it: kinds fail, error and nil return then, complete
+// completes then, completed returns nil then (it completed before
+// waiting), so that a test can cut the worker's PostgreSQL before the
+// handlers end. "retry_kind" is the kind of every later attempt (asynq's
+// retry count above 0; default: the same kind), which never waits.
+//
+// Commands, one a line on stdin (the test's Worker.Tell), each answered by
+// a line "did <command>: <n> handler(s)" once applied to the n handlers
+// of the named job (or of every job, for "all") running then:
+//
+//	hang <job id>|all     a heartbeat handler stops heartbeating (it
+//	                      hangs until its context ends)
+//	finish <job id>|all   a heartbeat handler completes now
+//	go <job id>|all       a waiting handler goes on
 //
 // It says what happens on stdout, one line each, for the test to await:
 //
 //	ready <name>
 //	start <job id> generation <n> kind <kind>
+//	waiting <job id> generation <n>
+//	hung <job id> generation <n>
 //	completed <job id> generation <n>
-//	returned <job id> generation <n>: <error>
+//	returned <job id> generation <n>: <error, or <nil>>
+//	did <command>: <n> handler(s)    (or: did <command>: <why not>)
+//
+// "completed" follows a confirmed CompleteWith (for kind completed, before
+// the handler waits and returns nil); "returned" follows every handler's
+// end, with what it returned.
 //
 // Its log (the guard's, asynq's warnings) goes to stderr. It exits 0 on
 // SIGTERM or SIGINT after asynq's shutdown, and at once when its stdin
@@ -27,15 +63,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -46,27 +82,6 @@ import (
 	"github.com/jobreaper/jobreaper/queue"
 )
 
-// Job kinds.
-const (
-	kindComplete  = "complete"
-	kindHang      = "hang"
-	kindHeartbeat = "heartbeat"
-)
-
-// settings are the flags, and what a payload may override.
-type settings struct {
-	Kind           string
-	HeartbeatEvery time.Duration
-	RunFor         time.Duration
-}
-
-// payload is a job's task payload; durations in Go syntax.
-type payload struct {
-	Kind           string `json:"kind"`
-	HeartbeatEvery string `json:"heartbeat_every"`
-	RunFor         string `json:"run_for"`
-}
-
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
@@ -76,7 +91,7 @@ func main() {
 
 func run() error {
 	var (
-		databaseURL, schema, redisURL, queueName, name string
+		databaseURL, schema, redisURL, queues, name    string
 		concurrency                                    int
 		heartbeatInterval, retryDelay, shutdownTimeout time.Duration
 		def                                            settings
@@ -84,18 +99,26 @@ func run() error {
 	flag.StringVar(&databaseURL, "database-url", "", "PostgreSQL URL (required)")
 	flag.StringVar(&schema, "schema", "public", "jobreaper's schema")
 	flag.StringVar(&redisURL, "redis-url", "", "Redis URL (required)")
-	flag.StringVar(&queueName, "queue", "", "the asynq queue to serve (required)")
+	flag.StringVar(&queues, "queue", "", "the asynq queues to serve, comma-separated (required)")
 	flag.StringVar(&name, "name", "worker", "the worker name the guard claims with")
 	flag.IntVar(&concurrency, "concurrency", 4, "handlers at once")
 	flag.DurationVar(&heartbeatInterval, "heartbeat-interval", time.Second,
 		"the Heartbeater's least time between two writes of one attempt (the daemon's --heartbeat-interval)")
 	flag.DurationVar(&retryDelay, "retry-delay", time.Second, "asynq's delay before a retry")
 	flag.DurationVar(&shutdownTimeout, "shutdown-timeout", 3*time.Second, "asynq's ShutdownTimeout")
-	flag.StringVar(&def.Kind, "kind", kindComplete, "what a job whose payload names no kind does: complete, hang or heartbeat")
+	flag.StringVar(&def.Kind, "kind", kindComplete, "what a job whose payload names no kind does: "+strings.Join(kinds, ", "))
 	flag.DurationVar(&def.HeartbeatEvery, "heartbeat-every", 200*time.Millisecond, "the heartbeat kind's cadence")
-	flag.DurationVar(&def.RunFor, "run-for", 0, "how long the heartbeat kind runs before it completes (0: until its context ends)")
+	flag.DurationVar(&def.RunFor, "run-for", 0, "how long the heartbeat kind runs before it completes (0: until its context ends or a finish command)")
+	flag.DurationVar(&def.HangAfter, "hang-after", 0, "how long the heartbeat kind heartbeats before it hangs (0: until a hang command)")
+	flag.StringVar(&def.Code, "code", "handler_failed", "the fail kind's failure code")
 	flag.Parse()
-	if databaseURL == "" || redisURL == "" || queueName == "" {
+	weights := map[string]int{}
+	for _, q := range strings.Split(queues, ",") {
+		if q = strings.TrimSpace(q); q != "" {
+			weights[q] = 1
+		}
+	}
+	if databaseURL == "" || redisURL == "" || len(weights) == 0 {
 		return errors.New("--database-url, --redis-url and --queue are required")
 	}
 	if _, err := kindOK(def.Kind); err != nil {
@@ -104,11 +127,6 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	// The test holds our stdin: when it goes away, so do we.
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		os.Exit(0)
-	}()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("worker", name)
 
 	pool, err := jobs.Connect(ctx, databaseURL, schema)
@@ -132,14 +150,30 @@ func run() error {
 	}
 	guard := queue.NewGuard(store, markers, queue.WithWorker(name), queue.WithLogger(logger))
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Queues: map[string]int{queueName: 1}, Concurrency: concurrency, IsFailure: queue.IsFailure,
+		Queues: weights, Concurrency: concurrency, IsFailure: queue.IsFailure,
 		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return retryDelay },
 		TaskCheckInterval:        100 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
 		ShutdownTimeout:          shutdownTimeout,
 		LogLevel:                 asynq.WarnLevel,
 	})
-	w := &worker{store: store, hb: hb, def: def}
+	w := &worker{store: store, hb: hb, def: def, handlers: newRegistry()}
+	// The test holds our stdin: it sends commands there, and when it goes
+	// away, so do we.
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if line := strings.TrimSpace(sc.Text()); line != "" {
+				n, err := w.handlers.command(line)
+				if err != nil {
+					say("did %s: %v", line, err)
+					continue
+				}
+				say("did %s: %d handler(s)", line, n)
+			}
+		}
+		os.Exit(0)
+	}()
 	if err := srv.Start(guard.Middleware()(asynq.HandlerFunc(w.handle))); err != nil {
 		return err
 	}
@@ -157,106 +191,4 @@ func say(format string, args ...any) {
 	sayMu.Lock()
 	defer sayMu.Unlock()
 	fmt.Printf(format+"\n", args...)
-}
-
-func kindOK(kind string) (string, error) {
-	switch kind {
-	case kindComplete, kindHang, kindHeartbeat:
-		return kind, nil
-	}
-	return "", fmt.Errorf("kind %q: want complete, hang or heartbeat", kind)
-}
-
-type worker struct {
-	store   *jobs.Store
-	hb      *jobs.Heartbeater
-	def     settings
-	running sync.WaitGroup
-}
-
-// settingsOf returns the flags' settings overridden by the payload's.
-func (w *worker) settingsOf(task *asynq.Task) (settings, error) {
-	s := w.def
-	if len(task.Payload()) == 0 {
-		return s, nil
-	}
-	var p payload
-	if err := json.Unmarshal(task.Payload(), &p); err != nil {
-		return s, fmt.Errorf("payload %q: %w", task.Payload(), err)
-	}
-	var err error
-	if p.Kind != "" {
-		if s.Kind, err = kindOK(p.Kind); err != nil {
-			return s, err
-		}
-	}
-	for _, d := range []struct {
-		raw string
-		to  *time.Duration
-	}{{p.HeartbeatEvery, &s.HeartbeatEvery}, {p.RunFor, &s.RunFor}} {
-		if d.raw == "" {
-			continue
-		}
-		if *d.to, err = time.ParseDuration(d.raw); err != nil {
-			return s, fmt.Errorf("payload duration %q: %w", d.raw, err)
-		}
-	}
-	return s, nil
-}
-
-// handle runs behind the start guard: the lease is in ctx.
-func (w *worker) handle(ctx context.Context, task *asynq.Task) error {
-	w.running.Add(1)
-	defer w.running.Done()
-	lease, err := jobs.LeaseFromContext(ctx)
-	if err != nil {
-		return err
-	}
-	s, err := w.settingsOf(task)
-	if err != nil {
-		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
-	}
-	say("start %s generation %d kind %s", lease.JobID, lease.Generation, s.Kind)
-	err = w.work(ctx, lease, s)
-	if err != nil {
-		say("returned %s generation %d: %v", lease.JobID, lease.Generation, err)
-		return err
-	}
-	say("completed %s generation %d", lease.JobID, lease.Generation)
-	return nil
-}
-
-func (w *worker) work(ctx context.Context, lease jobs.Lease, s settings) error {
-	switch s.Kind {
-	case kindHang:
-		<-ctx.Done()
-		return ctx.Err()
-	case kindHeartbeat:
-		tick := time.NewTicker(s.HeartbeatEvery)
-		defer tick.Stop()
-		var end <-chan time.Time
-		if s.RunFor > 0 {
-			end = time.After(s.RunFor)
-		}
-		for mark := int64(1); ; mark++ {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-end:
-				return w.complete(ctx, lease)
-			case <-tick.C:
-				// Refused (reaped, reclaimed) ends the attempt; a failed
-				// write (PostgreSQL away) is retried at the next tick.
-				if _, err := w.hb.Heartbeat(ctx, lease, mark); errors.Is(err, jobs.ErrStaleWorker) || errors.Is(err, jobs.ErrJobTerminal) {
-					return err
-				}
-			}
-		}
-	}
-	return w.complete(ctx, lease)
-}
-
-func (w *worker) complete(ctx context.Context, lease jobs.Lease) error {
-	_, err := w.store.CompleteWith(ctx, nil, lease, nil)
-	return err
 }
