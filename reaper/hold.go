@@ -146,11 +146,13 @@ func (r *Reaper) reapStalled(ctx context.Context, j *judgement, queues, listed [
 // and returns it (nil without a storm).
 func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now time.Time, res *Result) *pgstore.Hold {
 	var (
-		stalled, judged int
-		queues, types   []string
-		longest         time.Duration
+		stalled, stalling, judged int
+		queues, types             []string
+		longest                   time.Duration
 	)
-	// Queues, types and stall timeouts per kind (a handful), not per job.
+	// Queues, types and stall timeouts per kind (a handful), not per job;
+	// the kinds of the jobs stalling soon too, since the hold must cover
+	// them (they stall in the next passes).
 	checked := map[*jobKind]bool{}
 	for _, k := range j.kinds {
 		if q := k.heldQueue(); h.checked(q) {
@@ -164,12 +166,17 @@ func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now t
 			stalled++
 		}
 	}
+	for k, n := range j.stalling {
+		if checked[k] {
+			stalling += n
+		}
+	}
 	for q, n := range j.judged {
 		if q == "" || h.checked(q) {
 			judged += n
 		}
 	}
-	storm := StormCheck(stalled, judged, StormLimits{MaxStalled: r.opts.MaxStalledPerPass, MaxFraction: r.opts.MaxStalledFraction})
+	storm := StormCheck(stalled, stalling, judged, StormLimits{MaxStalled: r.opts.MaxStalledPerPass, MaxFraction: r.opts.MaxStalledFraction})
 	if !storm.Hold {
 		return nil
 	}
@@ -202,7 +209,7 @@ func (r *Reaper) checkStorm(ctx context.Context, j *judgement, h *holdsOf, now t
 	if r.opts.DryRun {
 		msg = "dry run: a stall storm; a real pass would reap none of its stalled jobs and hold their queues"
 	}
-	r.log.Warn(msg, "stalled", stalled, "judged", judged, "types", types, "queues", queues, "limit", storm.Limit,
+	r.log.Warn(msg, "stalled", stalled, "stalling_soon", stalling, "judged", judged, "types", types, "queues", queues, "limit", storm.Limit,
 		"why", storm.Why, "hold_id", hold.ID, "until", hold.Until, "hold_for", hold.Until.Sub(hold.StartedAt))
 	return hold
 }

@@ -89,11 +89,42 @@ type judgement struct {
 	// judged counts the tasks Decide judged, by the queue of their row
 	// (queueOf), "" for tasks without a row.
 	judged map[string]int
+	// stalling counts the jobs about to stall (stallingSoon), by kind: the
+	// stall-storm check counts them with the stalled ones.
+	stalling map[*jobKind]int
 	// loadFailed: a batch of rows could not be loaded, so some tasks were
 	// not judged this pass.
 	loadFailed bool
 }
 
 func newJudgement() *judgement {
-	return &judgement{kinds: kinds{}, judged: map[string]int{}}
+	return &judgement{kinds: kinds{}, judged: map[string]int{}, stalling: map[*jobKind]int{}}
+}
+
+// stallingSoon reports whether a job Decide judged with v did not reap
+// because it is not stalled yet (progressing, or held by the outage grace)
+// but has been idle, counted as the rule counts it (from the later of
+// updated_at and rule.OutageEnd), for at least its stall timeout minus
+// heartbeat: one heartbeat interval from stalling. Workers that lose
+// PostgreSQL at once wrote their last heartbeats at most one heartbeat
+// interval apart, so when the first of them is stalled the others are
+// stalling soon (StormCheck counts them together). heartbeat <= 0 (not
+// known) reports false.
+func stallingSoon(snap *jobs.Snapshot, v Verdict, now time.Time, rule pgstore.StallRule, heartbeat time.Duration) bool {
+	if heartbeat <= 0 || snap == nil || (v.Skip != SkipProgressing && v.Skip != SkipOutageGrace) {
+		return false
+	}
+	idle := v.Idle
+	if !rule.OutageEnd.IsZero() && rule.OutageEnd.After(snap.UpdatedAt) {
+		idle = now.Sub(rule.OutageEnd)
+	}
+	return idle >= v.StallTimeout-heartbeat
+}
+
+// heartbeatInterval is the workers' heartbeat interval the rule implies:
+// its MinStallTimeout is 2 x heartbeat interval + interval (config's
+// MinStallTimeout), so the heartbeat interval is (MinStallTimeout -
+// interval) / 2; 0 when that is not positive.
+func heartbeatInterval(rule pgstore.StallRule, interval time.Duration) time.Duration {
+	return max((rule.MinStallTimeout-interval)/2, 0)
 }

@@ -39,6 +39,9 @@ func (r *Reaper) judgeLoaded(ctx context.Context, batch []string, now time.Time,
 		v := Decide(snap, now, res.rule)
 		r.decided(res, id, snap, v, jobs.ReasonStalled)
 		if !v.Reap {
+			if stallingSoon(snap, v, now, res.rule, heartbeatInterval(res.rule, r.opts.Interval)) {
+				j.stalling[j.kinds.of(snap.Type, snap.Queue, v.StallTimeout)]++
+			}
 			res.skip(v.Skip, 1)
 			res.scannedAs(string(v.Skip), 1)
 			r.logSkip(id, snap, v, debug)

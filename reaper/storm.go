@@ -49,27 +49,48 @@ type Storm struct {
 }
 
 // StormCheck is the stall-storm rule, with no I/O: a pass that would reap
-// stalled jobs as stalled, having judged judged active tasks, holds them
-// all when stalled > l.MaxStalled (a set limit), or when stalled >=
-// StormMinStalled and stalled > l.MaxFraction x judged (a set limit).
-// Exactly l.MaxStalled jobs, or exactly the fraction, is not a storm.
-// judged counts the active tasks the stalled ones are among, so it is at
-// least stalled; a smaller judged is taken as stalled. The share is
-// compared as stalled / judged, the double nearest the true ratio, so a
-// ratio equal to the fraction as written (10 of 100 at 0.1) is not more
-// than it.
-func StormCheck(stalled, judged int, l StormLimits) Storm {
-	judged = max(judged, stalled)
+// stalled jobs as stalled (at least one), having judged judged active
+// tasks of which stalling more are one heartbeat interval or less from
+// their stall timeout (they stall in the next passes unless they make
+// progress), holds them all when n = stalled + stalling is more than
+// l.MaxStalled (a set limit), or when n >= StormMinStalled and n >
+// l.MaxFraction x judged (a set limit). Exactly l.MaxStalled jobs, or
+// exactly the fraction, is not a storm.
+//
+// The jobs stalling soon count because workers that lose PostgreSQL at
+// once wrote their last heartbeats up to one heartbeat interval apart:
+// they cross the stall timeout over several passes, each of which alone
+// may see too few to call it a storm, and the first ones would be reaped.
+// When the first of them is stalled, every other one is within one
+// heartbeat interval of its stall timeout: one pass sees them all. Jobs
+// that hang one after another (a trickle) are rarely that close together.
+//
+// judged counts the active tasks the jobs are among, so it is at least n;
+// a smaller judged is taken as n. The share is compared as n / judged,
+// the double nearest the true ratio, so a ratio equal to the fraction as
+// written (10 of 100 at 0.1) is not more than it.
+func StormCheck(stalled, stalling, judged int, l StormLimits) Storm {
+	n := stalled + max(stalling, 0)
+	judged = max(judged, n)
 	switch {
 	case stalled <= 0:
 		return Storm{}
-	case l.MaxStalled > 0 && stalled > l.MaxStalled:
+	case l.MaxStalled > 0 && n > l.MaxStalled:
 		return Storm{Hold: true, Limit: LimitMaxStalled,
-			Why: fmt.Sprintf("%d stalled jobs in one pass, more than max_stalled_per_pass %d", stalled, l.MaxStalled)}
-	case l.MaxFraction > 0 && stalled >= StormMinStalled && float64(stalled)/float64(judged) > l.MaxFraction:
+			Why: fmt.Sprintf("%s in one pass, more than max_stalled_per_pass %d", stormJobs(stalled, stalling), l.MaxStalled)}
+	case l.MaxFraction > 0 && n >= StormMinStalled && float64(n)/float64(judged) > l.MaxFraction:
 		return Storm{Hold: true, Limit: LimitMaxFraction,
-			Why: fmt.Sprintf("%d stalled jobs of %d active tasks judged, more than max_stalled_fraction %g of them (and at least %d)",
-				stalled, judged, l.MaxFraction, StormMinStalled)}
+			Why: fmt.Sprintf("%s of %d active tasks judged, more than max_stalled_fraction %g of them (and at least %d)",
+				stormJobs(stalled, stalling), judged, l.MaxFraction, StormMinStalled)}
 	}
 	return Storm{}
+}
+
+// stormJobs names the jobs a storm counts: "12 stalled jobs", or "4
+// stalled jobs and 8 stalling soon".
+func stormJobs(stalled, stalling int) string {
+	if stalling > 0 {
+		return fmt.Sprintf("%d stalled jobs and %d stalling soon", stalled, stalling)
+	}
+	return fmt.Sprintf("%d stalled jobs", stalled)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -9,9 +8,6 @@ import (
 	"github.com/jobreaper/jobreaper/internal/fleettest"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 )
-
-// envStraddle runs TestCase_B48_ACutWhoseStallsStraddlePasses.
-const envStraddle = "JOBREAPER_TEST_STORM_STRADDLE"
 
 // holdRow is the part of a reaper_holds row the blip tests read.
 type holdRow struct {
@@ -52,13 +48,12 @@ func (f *blipFleet) lastBeats(ids []string) (first, last time.Time) {
 // once; the pause runs on timers, and the test fails at its end when a
 // signal could not be sent.
 //
-// Why: the storm check counts the stalled jobs of one pass. Live jobs'
-// last heartbeats before a cut spread over up to a heartbeat interval (a
-// few hundred milliseconds here, where they were claimed together), and a
-// pass that ran while only some of them had crossed the stall timeout
-// would judge those few alone: below the limits, they would be reaped
-// (TestCase_B48_ACutWhoseStallsStraddlePasses shows it). The pause places
-// the pass, as a daemon that happens to pass just after the crossing does.
+// Why: the hold this test checks is one started with every job stalled
+// (held 20 of 20 judged). Without the pause a pass could run while only
+// some of them had crossed the stall timeout: the storm check then counts
+// the others as at risk, and holds them all the same, but the hold's row
+// records fewer held (TestCase_B48_ACutWhoseStallsStraddlePasses is that
+// case).
 func (f *blipFleet) pauseWhileStalling(d *fleettest.Daemon, ids []string) {
 	f.t.Helper()
 	first, last := f.lastBeats(ids)
@@ -200,11 +195,6 @@ func TestCase_B48_AWorkersOnlyCut(t *testing.T) {
 // daemon, with the default storm limits, keeps it. B48 says 0 of them
 // may be reaped.
 func TestCase_B48_ACutWhoseStallsStraddlePasses(t *testing.T) {
-	if os.Getenv(envStraddle) == "" {
-		t.Skipf("the stall-storm check counts the stalled jobs of one pass, so a cut whose stalls straddle passes is "+
-			"reaped a part at a time, each part below the limits; set %s=1 to run this test, which fails until the check "+
-			"looks past one pass", envStraddle)
-	}
 	db := jobstest.New(t)
 	f := newBlipFleet(t, db)
 	const q = "b48-spread"
