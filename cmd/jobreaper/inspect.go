@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -46,18 +47,21 @@ type inspectDoc struct {
 	TenantID        string                `json:"tenant_id"`
 	Limits          *limitsDoc            `json:"limits"`
 	DBNow           time.Time             `json:"db_now"`
-	CreatedAt       time.Time             `json:"created_at"`
-	StartedAt       *time.Time            `json:"started_at"`
-	UpdatedAt       time.Time             `json:"updated_at"`
-	FinishedAt      *time.Time            `json:"finished_at"`
-	RuntimeSeconds  *float64              `json:"runtime_seconds"`
-	IdleSeconds     float64               `json:"idle_seconds"`
+	CreatedAt       dbTime                `json:"created_at"`
+	StartedAt       *dbTime               `json:"started_at"`
+	UpdatedAt       dbTime                `json:"updated_at"`
+	FinishedAt      *dbTime               `json:"finished_at"`
+	// RuntimeSeconds and IdleSeconds are null when the timestamp they are
+	// counted from is infinite; both stop at finished_at once the job is
+	// COMPLETED or FAILED.
+	RuntimeSeconds *float64 `json:"runtime_seconds"`
+	IdleSeconds    *float64 `json:"idle_seconds"`
 	Cursor          int64                 `json:"cursor"`
 	Total           *int64                `json:"total"`
 	Batches         batchesDoc            `json:"batches"`
 	EventCount      int64                 `json:"event_count"`
 	Events          []pgstore.EventRecord `json:"events"`
-	MarkerSetAt     *time.Time            `json:"marker_set_at"`
+	MarkerSetAt     *dbTime               `json:"marker_set_at"`
 	Marker          markerDoc             `json:"marker"`
 	TaskState       string                `json:"task_state"`
 	// TaskTimeoutSeconds and TaskDeadline are the asynq task's Timeout and
@@ -70,11 +74,64 @@ type inspectDoc struct {
 
 type limitsDoc struct {
 	MaxRuntimeSeconds float64 `json:"max_runtime_seconds"`
-	// StallTimeoutSeconds and HardTimeoutSeconds are null when the type
-	// leaves them to the daemon's default and 24 h.
+	// StallTimeoutSeconds and HardTimeoutSeconds are the type's columns,
+	// null when the type leaves them to the daemon's default and 24 h.
 	StallTimeoutSeconds *float64 `json:"stall_timeout_seconds"`
 	HardTimeoutSeconds  *float64 `json:"hard_timeout_seconds"`
-	AutoComplete        bool     `json:"auto_complete"`
+	// EffectiveStallTimeoutSeconds and EffectiveHardTimeoutSeconds are
+	// the limits as applied: the column, or the default of the
+	// configuration inspect was run with (stall_timeout) and 24 h.
+	EffectiveStallTimeoutSeconds float64 `json:"effective_stall_timeout_seconds"`
+	EffectiveHardTimeoutSeconds  float64 `json:"effective_hard_timeout_seconds"`
+	AutoComplete                 bool    `json:"auto_complete"`
+}
+
+// dbTime is a database timestamp as inspect shows it: a time, or the
+// 'infinity' or '-infinity' PostgreSQL holds (a JSON string either way).
+type dbTime struct {
+	time.Time
+	// Inf is "infinity" or "-infinity" for an infinite timestamp, "" for
+	// a time.
+	Inf string
+}
+
+// MarshalJSON writes the time in RFC 3339, or the infinity's name.
+func (t dbTime) MarshalJSON() ([]byte, error) {
+	if t.Inf != "" {
+		return json.Marshal(t.Inf)
+	}
+	return json.Marshal(t.Time)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (t *dbTime) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil && (s == "infinity" || s == "-infinity") {
+		*t = dbTime{Inf: s}
+		return nil
+	}
+	t.Inf = ""
+	return json.Unmarshal(b, &t.Time)
+}
+
+// String is the RFC 3339 form in UTC, or the infinity's name.
+func (t dbTime) String() string {
+	if t.Inf != "" {
+		return t.Inf
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// dbTimeOf is column's dbTime from the record: infinite when the row
+// holds an infinity there, else at (nil when at is nil).
+func dbTimeOf(rec pgstore.Record, column string, at *time.Time) *dbTime {
+	if inf := rec.Infinite[column]; inf != "" {
+		return &dbTime{Inf: inf}
+	}
+	if at == nil {
+		return nil
+	}
+	return &dbTime{Time: *at}
 }
 
 type batchesDoc struct {
@@ -174,10 +231,11 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 	doc := inspectDoc{
 		JobID: rec.ID, Status: rec.Status, Type: rec.Type, Queue: rec.Queue, FailureReason: rec.FailureReason,
 		Generation: rec.Generation, FirstGeneration: rec.FirstGeneration, Worker: rec.Worker, ParentID: rec.ParentID,
-		TenantID: rec.TenantID, DBNow: rec.DBNow, CreatedAt: rec.CreatedAt, StartedAt: rec.StartedAt,
-		UpdatedAt: rec.UpdatedAt, FinishedAt: rec.FinishedAt, IdleSeconds: rec.Idle.Seconds(),
+		TenantID: rec.TenantID, DBNow: rec.DBNow, CreatedAt: *dbTimeOf(rec, "created_at", &rec.CreatedAt),
+		StartedAt: dbTimeOf(rec, "started_at", rec.StartedAt), UpdatedAt: *dbTimeOf(rec, "updated_at", &rec.UpdatedAt),
+		FinishedAt: dbTimeOf(rec, "finished_at", rec.FinishedAt), IdleSeconds: seconds(rec.Idle),
 		Cursor: rec.Cursor, Total: rec.Total, Batches: batchesDoc{Count: rec.BatchCount, Last: rec.Batches},
-		EventCount: rec.EventCount, Events: rec.Events, MarkerSetAt: rec.MarkerSetAt,
+		EventCount: rec.EventCount, Events: rec.Events, MarkerSetAt: dbTimeOf(rec, "marker_set_at", rec.MarkerSetAt),
 	}
 	if doc.Batches.Last == nil {
 		doc.Batches.Last = []pgstore.BatchRecord{}
@@ -191,7 +249,9 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 	}
 	if l := rec.Limits; l != nil {
 		doc.Limits = &limitsDoc{MaxRuntimeSeconds: l.MaxRuntime.Seconds(), StallTimeoutSeconds: seconds(l.StallTimeout),
-			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete}
+			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete,
+			EffectiveStallTimeoutSeconds: cmp.Or(l.StallTimeout, &cfg.StallTimeout).Seconds(),
+			EffectiveHardTimeoutSeconds:  cmp.Or(l.HardTimeout, ptrDuration(jobs.HardTimeoutDefault)).Seconds()}
 	}
 	if redisErr != nil {
 		doc.Marker.Error = oneLine(redisErr.Error())
@@ -251,6 +311,8 @@ func taskLimits(d *opsDeps, queueName, id string, doc *inspectDoc) {
 	}
 }
 
+func ptrDuration(d time.Duration) *time.Duration { return &d }
+
 func seconds(d *time.Duration) *float64 {
 	if d == nil {
 		return nil
@@ -274,13 +336,38 @@ func printInspect(w io.Writer, doc inspectDoc) error {
 	line("type", "%s", doc.Type)
 	line("queue", "%s", orNone(doc.Queue))
 	if l := doc.Limits; l != nil {
+		stall, hard := dur(&l.EffectiveStallTimeoutSeconds, ""), dur(&l.EffectiveHardTimeoutSeconds, "")
+		if l.StallTimeoutSeconds == nil {
+			stall += " (daemon default)"
+		}
+		if l.HardTimeoutSeconds == nil {
+			hard += " (default)"
+		}
 		line("limits", "max_runtime %s, stall_timeout %s, hard_timeout %s, auto_complete %t",
-			dur(&l.MaxRuntimeSeconds, ""), dur(l.StallTimeoutSeconds, "daemon default"), dur(l.HardTimeoutSeconds, "24h default"), l.AutoComplete)
+			dur(&l.MaxRuntimeSeconds, ""), stall, hard, l.AutoComplete)
 	} else {
 		line("limits", "none: no job_types row for type %q (the reaper skips it as unknown_type)", doc.Type)
 	}
-	line("runtime", "%s (database clock %s)", dur(doc.RuntimeSeconds, "not started"), doc.DBNow.UTC().Format(time.RFC3339))
-	line("idle", "%s", dur(&doc.IdleSeconds, ""))
+	notStarted := "not started"
+	if doc.StartedAt != nil && doc.StartedAt.Inf != "" {
+		notStarted = "unknown: started_at is " + doc.StartedAt.Inf
+	}
+	frozen := ""
+	if doc.FinishedAt != nil && (doc.Status == jobs.StatusCompleted || doc.Status == jobs.StatusFailed) {
+		frozen = ", counted to finished_at"
+	}
+	line("runtime", "%s (database clock %s%s)", dur(doc.RuntimeSeconds, notStarted), doc.DBNow.UTC().Format(time.RFC3339), frozen)
+	line("idle", "%s", dur(doc.IdleSeconds, "unknown: updated_at is "+doc.UpdatedAt.Inf))
+	times := "created " + doc.CreatedAt.String()
+	for _, t := range []struct {
+		name string
+		at   *dbTime
+	}{{"started", doc.StartedAt}, {"updated", &doc.UpdatedAt}, {"finished", doc.FinishedAt}} {
+		if t.at != nil {
+			times += ", " + t.name + " " + t.at.String()
+		}
+	}
+	line("times", "%s", times)
 	line("generation", "%d (this life started at %d)", doc.Generation, doc.FirstGeneration)
 	line("worker", "%s", orNone(doc.Worker))
 	total := "none"

@@ -292,6 +292,40 @@ func TestInspectCommand(t *testing.T) {
 		t.Fatalf("inspect --output json that could not run: error %q", msg)
 	}
 
+	// The limits as applied: the type leaves stall_timeout and
+	// hard_timeout to the defaults, and inspect says which they are.
+	if want := "limits:         max_runtime 30m0s, stall_timeout 15m0s (daemon default), hard_timeout 24h0m0s (default)"; !strings.Contains(text.stdout, want) {
+		t.Errorf("text output lacks %q:\n%s", want, text.stdout)
+	}
+	if doc.Limits.EffectiveStallTimeoutSeconds != 900 || doc.Limits.EffectiveHardTimeoutSeconds != 86400 || doc.Limits.StallTimeoutSeconds != nil {
+		t.Errorf("limits = %+v, want effective stall 900 s and hard 86400 s, column stall null", *doc.Limits)
+	}
+
+	// A row whose timestamps the product set to infinity is printed, not
+	// an error; nothing is computed from an infinite time.
+	inf := q + "-inf"
+	db.Insert(t, jobstest.Job{ID: inf, Type: "report.export", Status: jobs.StatusFailed, Queue: q})
+	db.Exec(t, `UPDATE jobs SET created_at = '-infinity', started_at = '-infinity', updated_at = 'infinity',
+       finished_at = 'infinity' WHERE id = $1`, inf)
+	infJSON := run(t, opsArgs(db, "inspect", inf, "--output", "json")...)
+	requireExit(t, infJSON, exitOK)
+	var infDoc map[string]any
+	if err := json.Unmarshal([]byte(infJSON.stdout), &infDoc); err != nil {
+		t.Fatalf("inspect of infinite timestamps: %v\n%s", err, infJSON.stdout)
+	}
+	if infDoc["created_at"] != "-infinity" || infDoc["started_at"] != "-infinity" || infDoc["updated_at"] != "infinity" ||
+		infDoc["finished_at"] != "infinity" || infDoc["runtime_seconds"] != nil || infDoc["idle_seconds"] != nil {
+		t.Fatalf("inspect of infinite timestamps = %s", infJSON.stdout)
+	}
+	infText := run(t, opsArgs(db, "inspect", inf)...)
+	requireExit(t, infText, exitOK)
+	for _, want := range []string{"runtime:        unknown: started_at is -infinity", "idle:           unknown: updated_at is infinity",
+		"times:          created -infinity, started -infinity, updated infinity, finished infinity"} {
+		if !strings.Contains(infText.stdout, want) {
+			t.Errorf("text output lacks %q:\n%s", want, infText.stdout)
+		}
+	}
+
 	unknown := run(t, opsArgs(db, "inspect", "no-such-job")...)
 	requireExit(t, unknown, exitPassErrors)
 	requireOneLineError(t, unknown, `job "no-such-job" not found in schema`)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,13 +31,20 @@ type Record struct {
 	// MarkerSetAt is when the reaper confirmed the marker of a reap or
 	// cancel; nil when none was confirmed.
 	MarkerSetAt *time.Time
+	// Infinite names the row's timestamps that hold 'infinity' or
+	// '-infinity' (which the product's own SQL can write): column name
+	// (created_at, started_at, updated_at, finished_at, marker_set_at) to
+	// "infinity" or "-infinity". Such a column's time field above is zero
+	// (or nil), and so is every duration computed from it.
+	Infinite map[string]string
 	// DBNow is the database's now() of the read. Runtime is the last
-	// attempt's (nil without a start time): from started_at to finished_at
-	// for a COMPLETED or FAILED row, to DBNow otherwise. Idle is DBNow
-	// minus updated_at.
+	// attempt's (nil without a finite start time): from started_at to
+	// finished_at for a COMPLETED or FAILED row, to DBNow otherwise. Idle
+	// is the time since updated_at, frozen at finished_at for a COMPLETED
+	// or FAILED row as Runtime is (nil when updated_at is infinite).
 	DBNow   time.Time
 	Runtime *time.Duration
-	Idle    time.Duration
+	Idle    *time.Duration
 	// BatchCount is how many batch records the job has; Batches are the
 	// last few of them, newest first.
 	BatchCount int64
@@ -72,11 +80,23 @@ const inspectRowSQL = `SELECT ` + pgcore.SnapshotColumns + `
  WHERE j.id = $1`
 
 const inspectExtraSQL = `
-SELECT coalesce(tenant_id, ''), "cursor", total, created_at, finished_at, marker_set_at,
+SELECT coalesce(tenant_id, ''), "cursor", total,
+       CASE WHEN isfinite(created_at) THEN created_at END,
+       CASE WHEN isfinite(finished_at) THEN finished_at END,
+       CASE WHEN isfinite(marker_set_at) THEN marker_set_at END,
        now(),
-       CASE WHEN status IN ('COMPLETED', 'FAILED') AND finished_at >= started_at AND finished_at < 'infinity'
+       CASE WHEN NOT isfinite(started_at) THEN NULL
+            WHEN status IN ('COMPLETED', 'FAILED') AND isfinite(finished_at) AND finished_at >= started_at
             THEN finished_at - started_at ELSE now() - started_at END,
-       now() - updated_at
+       CASE WHEN NOT isfinite(updated_at) THEN NULL
+            WHEN status IN ('COMPLETED', 'FAILED') AND isfinite(finished_at) AND finished_at >= updated_at
+            THEN finished_at - updated_at ELSE now() - updated_at END,
+       array_remove(ARRAY[
+           CASE WHEN NOT isfinite(created_at) THEN 'created_at=' || created_at::text END,
+           CASE WHEN NOT isfinite(started_at) THEN 'started_at=' || started_at::text END,
+           CASE WHEN NOT isfinite(updated_at) THEN 'updated_at=' || updated_at::text END,
+           CASE WHEN NOT isfinite(finished_at) THEN 'finished_at=' || finished_at::text END,
+           CASE WHEN NOT isfinite(marker_set_at) THEN 'marker_set_at=' || marker_set_at::text END], NULL)
   FROM {schema}.jobs WHERE id = $1`
 
 const inspectBatchesSQL = `
@@ -116,13 +136,27 @@ func (s *Store) Inspect(ctx context.Context, id string, batches, events int) (Re
 		if err != nil {
 			return err
 		}
-		var runtime, idle pgtype.Interval
+		var (
+			runtime, idle pgtype.Interval
+			created       *time.Time
+			infinite      []string
+		)
 		if err := tx.QueryRow(ctx, s.core.Q(inspectExtraSQL), id).Scan(&rec.TenantID, &rec.Cursor, &rec.Total,
-			&rec.CreatedAt, &rec.FinishedAt, &rec.MarkerSetAt, &rec.DBNow, &runtime, &idle); err != nil {
+			&created, &rec.FinishedAt, &rec.MarkerSetAt, &rec.DBNow, &runtime, &idle, &infinite); err != nil {
 			return err
 		}
+		if created != nil {
+			rec.CreatedAt = *created
+		}
+		for _, kv := range infinite {
+			column, value, _ := strings.Cut(kv, "=")
+			if rec.Infinite == nil {
+				rec.Infinite = make(map[string]string, len(infinite))
+			}
+			rec.Infinite[column] = value
+		}
 		rec.Runtime = pgcore.OptionalDuration(runtime)
-		rec.Idle = pgcore.IntervalDuration(idle)
+		rec.Idle = pgcore.OptionalDuration(idle)
 		rows, err = tx.Query(ctx, s.core.Q(inspectBatchesSQL), id, batches)
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -202,7 +203,7 @@ func TestInspect(t *testing.T) {
 		rec.Cursor != 20 || rec.Total == nil || *rec.Total != 30 || rec.Limits == nil || rec.Limits.MaxRuntime != 30*time.Minute {
 		t.Fatalf("record = %+v", rec)
 	}
-	if rec.Runtime == nil || *rec.Runtime < 0 || rec.Idle < 0 {
+	if rec.Runtime == nil || *rec.Runtime < 0 || rec.Idle == nil || *rec.Idle < 0 || rec.Infinite != nil {
 		t.Fatalf("runtime %v idle %v", rec.Runtime, rec.Idle)
 	}
 	if rec.BatchCount != 2 || len(rec.Batches) != 1 || rec.Batches[0].Token != "page-2" {
@@ -213,12 +214,31 @@ func TestInspect(t *testing.T) {
 	}
 	// A finished job's runtime is its last attempt's, up to finished_at:
 	// it does not keep growing after the job ended.
+	// Its idle time stops there too.
 	db.Exec(t, `UPDATE jobs SET status = 'FAILED', failure_reason = 'stalled',
-       started_at = now() - interval '1 hour', finished_at = now() - interval '50 minutes' WHERE id = 'I1'`)
+       started_at = now() - interval '1 hour', updated_at = now() - interval '55 minutes',
+       finished_at = now() - interval '50 minutes' WHERE id = 'I1'`)
 	rec, err = store.Inspect(ctx, "I1", 1, 10)
 	requireNoErr(t, err)
 	if rec.Runtime == nil || *rec.Runtime != 10*time.Minute {
 		t.Fatalf("runtime of a FAILED job = %v, want 10m0s (started_at to finished_at)", rec.Runtime)
+	}
+	if rec.Idle == nil || *rec.Idle != 5*time.Minute {
+		t.Fatalf("idle of a FAILED job = %v, want 5m0s (updated_at to finished_at)", rec.Idle)
+	}
+
+	// Infinite timestamps, which the product's own SQL can write, are
+	// shown as such, and nothing is computed from them.
+	db.Exec(t, `UPDATE jobs SET created_at = '-infinity', started_at = 'infinity', updated_at = '-infinity',
+       finished_at = 'infinity', marker_set_at = '-infinity' WHERE id = 'I1'`)
+	rec, err = store.Inspect(ctx, "I1", 1, 10)
+	requireNoErr(t, err)
+	wantInf := map[string]string{"created_at": "-infinity", "started_at": "infinity", "updated_at": "-infinity",
+		"finished_at": "infinity", "marker_set_at": "-infinity"}
+	if fmt.Sprint(rec.Infinite) != fmt.Sprint(wantInf) || rec.Runtime != nil || rec.Idle != nil ||
+		!rec.CreatedAt.IsZero() || rec.FinishedAt != nil || rec.MarkerSetAt != nil || rec.StartedAt != nil {
+		t.Fatalf("record with infinite timestamps: infinite %v runtime %v idle %v created %v finished %v marker %v started %v",
+			rec.Infinite, rec.Runtime, rec.Idle, rec.CreatedAt, rec.FinishedAt, rec.MarkerSetAt, rec.StartedAt)
 	}
 	_, err = store.Inspect(ctx, "missing", 5, 5)
 	requireIs(t, err, jobs.ErrNotFound)
