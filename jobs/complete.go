@@ -54,46 +54,86 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // past PrepareCascades); otherwise a wrapped driver error or the
 // operation's timeout.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
+	res, late, err := s.complete(ctx, tx, lease)
+	if late != nil {
+		return res, late.record(ctx, s)
+	}
+	return res, err
+}
+
+// lateWrite is a refused write whose late_result_rejected event is still
+// to be recorded: CompleteWith rolls its transaction back first, so that
+// the event's connection is never asked for while the attempt still holds
+// one (a pool that every late completion holds a connection of would
+// otherwise wait out the operation timeout and lose the events).
+type lateWrite struct {
+	op      string
+	lease   Lease
+	st      jobState
+	refusal error
+}
+
+// record writes w's event (rejectLate) and returns the refusal.
+func (w *lateWrite) record(ctx context.Context, s *Store) error {
+	return s.rejectLate(ctx, w.op, w.lease, w.st, w.refusal)
+}
+
+// complete is Complete with the event of a refused completion left to the
+// caller: late is non-nil when the completion was refused as stale or
+// terminal, and then err is nil and the caller must call late.record.
+func (s *Store) complete(ctx context.Context, tx pgx.Tx, lease Lease) (_ CompleteResult, late *lateWrite, _ error) {
 	ctx, done := s.core.Op(ctx, "Complete")
 	var ca pgcore.CascadeArgs
 	err := tx.QueryRow(ctx, s.core.Q(completeSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return s.completeRefused(ctx, tx, "Complete", lease, done)
+		st, err := s.readState(ctx, tx, lease.JobID)
+		if err != nil {
+			return CompleteResult{}, nil, done(err)
+		}
+		if st.Status == StatusCompleted && st.Generation == lease.Generation {
+			return CompleteResult{Replayed: true, Confirmed: true}, nil, done(nil)
+		}
+		if ferr := fenceError(lease, st); ferr != nil {
+			done(ferr)
+			return CompleteResult{}, &lateWrite{op: "Complete", lease: lease, st: st, refusal: ferr}, nil
+		}
+		return CompleteResult{}, nil, done(fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation))
 	}
 	if err != nil {
-		return CompleteResult{}, done(err)
+		return CompleteResult{}, nil, done(err)
 	}
 	ca.JobID = lease.JobID
 	if err := s.appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
-		return CompleteResult{}, done(err)
+		return CompleteResult{}, nil, done(err)
 	}
 	if err := s.core.RunCompleted(ctx, tx, ca); err != nil {
-		return CompleteResult{}, done(err)
+		return CompleteResult{}, nil, done(err)
 	}
 	// The caller commits tx; tell it now if the cascade ended tx, before it
 	// writes its product rows outside any transaction.
 	if len(s.core.Cascades()[ca.Type].OnCompleted) > 0 {
 		if err := pgcore.CheckTxOpen(tx, "the on_completed cascade of type "+ca.Type); err != nil {
-			return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, err))
+			return CompleteResult{}, nil, done(fmt.Errorf("job %s: %w", lease.JobID, err))
 		}
 	}
-	return CompleteResult{}, done(nil)
+	return CompleteResult{}, nil, done(nil)
 }
 
-// completeRefused answers a completion UPDATE that matched no row, reading
-// the row through q.
-func (s *Store) completeRefused(ctx context.Context, q pgcore.RowQuerier, op string, lease Lease, done func(error) error) (CompleteResult, error) {
-	st, err := s.readState(ctx, q, lease.JobID)
+// lateAfterCancel reads lease's job on a context detached from ctx (which
+// has ended) and bounded by the operation timeout, and returns the refused
+// write to record when the attempt is stale or the job terminal; nil when
+// the row could not be read or the attempt still owns it.
+func (s *Store) lateAfterCancel(ctx context.Context, lease Lease) *lateWrite {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.core.OpTimeout())
+	defer cancel()
+	st, err := s.readState(rctx, s.core.DB(), lease.JobID)
 	if err != nil {
-		return CompleteResult{}, done(err)
-	}
-	if st.Status == StatusCompleted && st.Generation == lease.Generation {
-		return CompleteResult{Replayed: true, Confirmed: true}, done(nil)
+		return nil
 	}
 	if ferr := fenceError(lease, st); ferr != nil {
-		return CompleteResult{}, done(s.rejectLate(ctx, op, lease, st, ferr))
+		return &lateWrite{op: "Complete", lease: lease, st: st, refusal: ferr}
 	}
-	return CompleteResult{}, done(fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation))
+	return nil
 }
 
 // CompleteWith completes lease's job and writes the completion's product
@@ -149,14 +189,29 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 		if err != nil {
 			return err
 		}
-		r, err := s.Complete(ctx, t, lease)
-		if err != nil {
+		r, late, err := s.complete(ctx, t, lease)
+		if late != nil || err != nil {
 			s.core.Rollback(ctx, t)
+			if late != nil {
+				err = late.record(ctx, s)
+			}
 			return fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
 		}
 		tx, res = t, r
 		return nil
 	})
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ErrStaleWorker) && !errors.Is(err, ErrJobTerminal) {
+		// The handler's context ended before the completion could be
+		// tried (cancel-on-reap, asynq's deadline, a shutdown). When the
+		// attempt is late, say so and record it as any late completion
+		// is recorded, so the clean-up query of the worker docs finds it:
+		// one read and one event on a detached context bounded by the
+		// operation timeout.
+		if late := s.lateAfterCancel(ctx, lease); late != nil {
+			return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: job %s: nothing written (the context ended: %v): %w",
+				lease.JobID, context.Cause(ctx), late.record(ctx, s))
+		}
+	}
 	if err != nil {
 		return CompleteResult{}, err
 	}
@@ -194,24 +249,35 @@ SELECT status, generation, coalesce(failure_reason, '') FROM {schema}.jobs WHERE
 // still PROCESSING at this generation; ErrNotFound for a missing row;
 // otherwise a wrapped driver error.
 func (s *Store) CheckCompleted(ctx context.Context, tx pgx.Tx, lease Lease) error {
+	late, err := s.checkCompleted(ctx, tx, lease)
+	if late != nil {
+		return late.record(ctx, s)
+	}
+	return err
+}
+
+// checkCompleted is CheckCompleted with the event of a refusal left to the
+// caller, as complete does.
+func (s *Store) checkCompleted(ctx context.Context, tx pgx.Tx, lease Lease) (late *lateWrite, _ error) {
 	ctx, done := s.core.Op(ctx, "CheckCompleted")
 	var st jobState
 	err := lockedRead(func() error {
 		return tx.QueryRow(ctx, s.core.Q(checkCompletedSQL), lease.JobID).Scan(&st.Status, &st.Generation, &st.FailureReason)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
+		return nil, done(fmt.Errorf("job %s: %w", lease.JobID, ErrNotFound))
 	}
 	if err != nil {
-		return done(err)
+		return nil, done(err)
 	}
 	if st.Status == StatusCompleted && st.Generation == lease.Generation {
-		return done(nil)
+		return nil, done(nil)
 	}
 	if ferr := fenceError(lease, st); ferr != nil {
-		return done(s.rejectLate(ctx, "CheckCompleted", lease, st, ferr))
+		done(ferr)
+		return &lateWrite{op: "CheckCompleted", lease: lease, st: st, refusal: ferr}, nil
 	}
-	return done(fmt.Errorf("job %s is %s at generation %d: %w", lease.JobID, st.Status, st.Generation, ErrNotCompleted))
+	return nil, done(fmt.Errorf("job %s is %s at generation %d: %w", lease.JobID, st.Status, st.Generation, ErrNotCompleted))
 }
 
 // AfterCompleted runs fn in a transaction on db (nil: the Store's handle)
@@ -237,7 +303,13 @@ func (s *Store) AfterCompleted(ctx context.Context, db TxBeginner, lease Lease, 
 		return err
 	}
 	defer s.core.Rollback(ctx, tx)
-	if err := s.CheckCompleted(ctx, tx, lease); err != nil {
+	late, err := s.checkCompleted(ctx, tx, lease)
+	if late != nil {
+		// Roll back before the event takes a connection of its own.
+		s.core.Rollback(ctx, tx)
+		err = late.record(ctx, s)
+	}
+	if err != nil {
 		return fmt.Errorf("jobs.AfterCompleted: job %s: rolled back, fn not called: %w", lease.JobID, err)
 	}
 	if err := fn(tx); err != nil {

@@ -82,9 +82,11 @@ func WithCascades(c Cascades) StoreOption {
 // WithEventsDB makes the Store write late_result_rejected events through
 // events instead of the Store's own handle. Such an event is written while
 // the caller still holds the transaction it is about to roll back (a refused
-// Complete or Advance), so it needs a connection of its own: give a small
-// separate pool when the main pool can be exhausted by callers that each hold
-// a transaction. Without this option the events go through the handle passed
+// Complete, Advance or CheckCompleted in the caller's transaction), so it
+// needs a connection of its own: give a small separate pool when the main
+// pool can be exhausted by callers that each hold a transaction.
+// CompleteWith and AfterCompleted own their transaction and roll it back
+// before they record the event, so they need no second connection. Without this option the events go through the handle passed
 // to NewStore; when that handle is itself a pgx.Tx (a test running a whole
 // scenario in one transaction) the events share its fate.
 func WithEventsDB(events DB) StoreOption {
