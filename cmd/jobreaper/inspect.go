@@ -35,35 +35,35 @@ const taskStateUnknown = "unknown"
 // inspectDoc is the JSON form of `jobreaper inspect --output json`. Times
 // are the database's; durations are seconds.
 type inspectDoc struct {
-	JobID           string                `json:"job_id"`
-	Status          string                `json:"status"`
-	Type            string                `json:"type"`
-	Queue           string                `json:"queue"`
-	FailureReason   string                `json:"failure_reason"`
-	Generation      int64                 `json:"generation"`
-	FirstGeneration int64                 `json:"first_generation"`
-	Worker          string                `json:"worker"`
-	ParentID        string                `json:"parent_id"`
-	TenantID        string                `json:"tenant_id"`
-	Limits          *limitsDoc            `json:"limits"`
-	DBNow           time.Time             `json:"db_now"`
-	CreatedAt       dbTime                `json:"created_at"`
-	StartedAt       *dbTime               `json:"started_at"`
-	UpdatedAt       dbTime                `json:"updated_at"`
-	FinishedAt      *dbTime               `json:"finished_at"`
+	JobID           string     `json:"job_id"`
+	Status          string     `json:"status"`
+	Type            string     `json:"type"`
+	Queue           string     `json:"queue"`
+	FailureReason   string     `json:"failure_reason"`
+	Generation      int64      `json:"generation"`
+	FirstGeneration int64      `json:"first_generation"`
+	Worker          string     `json:"worker"`
+	ParentID        string     `json:"parent_id"`
+	TenantID        string     `json:"tenant_id"`
+	Limits          *limitsDoc `json:"limits"`
+	DBNow           time.Time  `json:"db_now"`
+	CreatedAt       dbTime     `json:"created_at"`
+	StartedAt       *dbTime    `json:"started_at"`
+	UpdatedAt       dbTime     `json:"updated_at"`
+	FinishedAt      *dbTime    `json:"finished_at"`
 	// RuntimeSeconds and IdleSeconds are null when the timestamp they are
 	// counted from is infinite; both stop at finished_at once the job is
 	// COMPLETED or FAILED.
-	RuntimeSeconds *float64 `json:"runtime_seconds"`
-	IdleSeconds    *float64 `json:"idle_seconds"`
-	Cursor          int64                 `json:"cursor"`
-	Total           *int64                `json:"total"`
-	Batches         batchesDoc            `json:"batches"`
-	EventCount      int64                 `json:"event_count"`
-	Events          []pgstore.EventRecord `json:"events"`
-	MarkerSetAt     *dbTime               `json:"marker_set_at"`
-	Marker          markerDoc             `json:"marker"`
-	TaskState       string                `json:"task_state"`
+	RuntimeSeconds *float64              `json:"runtime_seconds"`
+	IdleSeconds    *float64              `json:"idle_seconds"`
+	Cursor         int64                 `json:"cursor"`
+	Total          *int64                `json:"total"`
+	Batches        batchesDoc            `json:"batches"`
+	EventCount     int64                 `json:"event_count"`
+	Events         []pgstore.EventRecord `json:"events"`
+	MarkerSetAt    *dbTime               `json:"marker_set_at"`
+	Marker         markerDoc             `json:"marker"`
+	TaskState      string                `json:"task_state"`
 	// TaskTimeoutSeconds and TaskDeadline are the asynq task's Timeout and
 	// Deadline, as the producer enqueued it (asynq cancels a handler at the
 	// earlier of the two); null when the task has none, or asynq does not
