@@ -67,6 +67,8 @@ func (c Config) Validate() error {
 	// problem before anything connects.
 	if !idcheck.ValidSchema(c.Schema) {
 		v.addf("schema", "schema %q is not a plain PostgreSQL identifier: use letters, digits and underscore, at most 63 characters, not starting with a digit", c.Schema)
+	} else if idcheck.SystemSchema(c.Schema) {
+		v.addf("schema", "schema %q is PostgreSQL's own (information_schema and pg_* are reserved): choose a schema of your own, such as jobreaper", c.Schema)
 	}
 	v.queues(c.Queues)
 	v.positive("interval", c.Interval)

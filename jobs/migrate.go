@@ -45,12 +45,17 @@ var migrationFiles embed.FS
 // there are any it changes nothing, not even the version table, and
 // returns an error wrapping ErrSchemaConflict that names them.
 //
-// It returns the versions applied (empty when the schema was current) and an
+// It returns the versions applied (empty when the schema was current); an
+// error wrapping ErrBadSchema (nothing connected) for a schema that is not
+// a plain identifier or is PostgreSQL's own (information_schema, pg_*); an
 // error wrapping the driver's when PostgreSQL cannot be reached or a
 // migration fails.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int64, error) {
 	if !idcheck.ValidSchema(schema) {
 		return nil, fmt.Errorf("jobs.Migrate: schema %q: %w", schema, ErrBadSchema)
+	}
+	if idcheck.SystemSchema(schema) {
+		return nil, fmt.Errorf("jobs.Migrate: schema %q is PostgreSQL's own (information_schema and pg_* are reserved): %w", schema, ErrBadSchema)
 	}
 	// The lock transaction stays open (holding its server connection, even
 	// behind a pooler) until every migration has committed.

@@ -166,3 +166,14 @@ func shippedVersions(t *testing.T) []int64 {
 	slices.Sort(out)
 	return out
 }
+
+// A system schema is refused before anything connects or is created.
+func TestMigrateRefusesPostgreSQLsOwnSchemas(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"information_schema", "pg_catalog", "PG_toast"} {
+		_, err := jobs.Migrate(context.Background(), nil, schema)
+		if !errors.Is(err, jobs.ErrBadSchema) || !strings.Contains(err.Error(), "PostgreSQL's own") {
+			t.Fatalf("Migrate(%q) = %v, want ErrBadSchema naming it PostgreSQL's own", schema, err)
+		}
+	}
+}

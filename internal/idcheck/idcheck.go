@@ -104,3 +104,13 @@ var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // bytes): the schema names jobs.Connect, jobs.Migrate and the config
 // accept.
 func ValidSchema(schema string) bool { return schemaPattern.MatchString(schema) }
+
+// SystemSchema reports whether schema is one PostgreSQL keeps for itself:
+// information_schema, or a name starting with pg_ (reserved for system
+// purposes; PostgreSQL refuses to create one). jobreaper's tables never
+// belong there, and a typo such as --schema information_schema would
+// otherwise put them among the catalog's views.
+func SystemSchema(schema string) bool {
+	lower := strings.ToLower(schema)
+	return lower == "information_schema" || strings.HasPrefix(lower, "pg_")
+}
