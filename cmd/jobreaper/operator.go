@@ -18,6 +18,7 @@ import (
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // opsDeps are what an operator command works with; close releases them.
@@ -50,6 +51,7 @@ func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRe
 			return nil, cannotRun("the cascades of the config file fail their start check against schema %q: %s; fix the statements named",
 				cfg.Schema, joinProblems(err))
 		}
+		warnCascadesDiffer(ctx, d.store, cfg, log)
 	}
 	if !withRedis {
 		return d, nil
@@ -59,6 +61,28 @@ func connectOps(ctx context.Context, cfg config.Config, log *slog.Logger, withRe
 		return nil, err
 	}
 	return d, nil
+}
+
+// warnCascadesDiffer warns when the daemon leading a queue set of this
+// schema runs other cascades than the command's configuration (typically
+// none, when --config was left out): the command then runs the
+// statements it has, not the daemon's, so a product status the daemon's
+// on_failed or on_requeued would set is left as it was. The check reads
+// the leader lease rows; when it cannot read them it says nothing.
+func warnCascadesDiffer(ctx context.Context, store *pgstore.Store, cfg config.Config, log *slog.Logger) {
+	digests, err := store.LeaderCascadeDigests(ctx)
+	if err != nil {
+		return
+	}
+	mine := reaper.CascadesDigest(cfg.Cascades)
+	for _, d := range digests {
+		if d != mine {
+			log.Warn("the daemon leading this schema runs other cascades than this command (pass the daemon's --config): "+
+				"this command runs only its own on_failed and on_requeued statements",
+				"component", "main", "leader_cascades_digest", d, "cascades_digest", mine, "cascades_types", len(cfg.Cascades))
+			return
+		}
+	}
 }
 
 // openOps loads cmd's settings (keys), makes the command's logger and

@@ -16,6 +16,7 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
+	"github.com/jobreaper/jobreaper/reaper"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
 )
 
@@ -390,4 +391,32 @@ func TestCLIHygiene(t *testing.T) {
 			}
 		}
 	})
+}
+
+// An operator command run without the daemon's cascades (no --config)
+// says so when the daemon leading the schema recorded others, since the
+// product status the daemon's on_failed or on_requeued would set is left
+// as it was; with the same cascades (none on both sides) it says nothing.
+func TestOperatorCommandWarnsWhenTheLeaderRunsOtherCascades(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	const warning = "the daemon leading this schema runs other cascades than this command"
+	quiet := run(t, opsArgs(db, "cancel", "no-such-job", "--reason", "test")...)
+	if strings.Contains(quiet.stderr, warning) {
+		t.Fatalf("warning with no leader recorded:\n%s", quiet.stderr)
+	}
+	db.Exec(t, `INSERT INTO `+db.Table("leader_leases")+` (key, holder_id, holder_host, holder_pid, holder_started_at,
+       acquired_at, renewed_at, expires_at, settings)
+VALUES ('[]', 'h1', 'host', 1, now(), now(), now(), now() + interval '1 hour', '{"cascades": "0123456789abcdef"}')`)
+	for _, args := range [][]string{{"cancel", "no-such-job", "--reason", "test"}, {"requeue", "no-such-job", "--reason", "test"}} {
+		r := run(t, opsArgs(db, args...)...)
+		if !strings.Contains(r.stderr, warning) || !strings.Contains(r.stderr, "0123456789abcdef") {
+			t.Fatalf("%s with a leader running other cascades: stderr lacks the warning:\n%s", args[0], r.stderr)
+		}
+	}
+	db.Exec(t, `UPDATE `+db.Table("leader_leases")+` SET settings = jsonb_build_object('cascades', $1::text)`,
+		reaper.CascadesDigest(nil))
+	if same := run(t, opsArgs(db, "cancel", "no-such-job", "--reason", "test")...); strings.Contains(same.stderr, warning) {
+		t.Fatalf("warning with the same cascades:\n%s", same.stderr)
+	}
 }

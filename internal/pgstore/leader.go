@@ -288,3 +288,22 @@ func (s *Store) checkLeaderLease(ctx context.Context, tx pgx.Tx) error {
 	}
 	return nil
 }
+
+// LeaderCascadeDigests returns the distinct cascade digests
+// (reaper.CascadesDigest) that the holders of unexpired leader leases
+// recorded in their settings, so that an operator command run with other
+// cascades can say the daemon's would not run. Empty when no lease is held
+// or none recorded one. Errors: a wrapped driver error or the operation's
+// timeout.
+func (s *Store) LeaderCascadeDigests(ctx context.Context) ([]string, error) {
+	ctx, done := s.core.Op(ctx, "LeaderCascadeDigests")
+	rows, err := s.core.DB().Query(ctx, s.core.Q(`
+SELECT DISTINCT settings->>'cascades' FROM {schema}.leader_leases
+ WHERE expires_at > clock_timestamp() AND settings->>'cascades' IS NOT NULL
+ ORDER BY 1`))
+	if err != nil {
+		return nil, done(err)
+	}
+	digests, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return digests, done(err)
+}
