@@ -16,8 +16,8 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/queue"
-	"github.com/jobreaper/jobreaper/reaper"
 	"github.com/jobreaper/jobreaper/queue/queuetest"
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // opsArgs returns the connection flags of db and the e2e Redis.
