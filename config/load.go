@@ -110,7 +110,43 @@ func LoadWithOrigins(src Sources) (Config, Origins, error) {
 	}
 	cfg, decodeErrs := decode(k.Raw())
 	errs = append(errs, decodeErrs...)
+	errs = append(errs, shadowedErrors(src, origins, env)...)
 	return cfg, origins, origins.Annotate(errors.Join(errs...))
+}
+
+// shadowedErrors returns the decoding errors of the values that a later
+// source overrides (a file's value under an environment variable or a
+// flag, a variable's under a flag), each naming where it is: such a value
+// is not used now, but it is still wrong, and it would be the day the
+// override is dropped, so the file or the variable is fixed now. origins
+// names each setting's final source; env holds the environment's
+// settings.
+func shadowedErrors(src Sources, origins Origins, env map[string]any) []error {
+	var errs []error
+	if src.File != "" {
+		raw, lines, err := readFile(src.File)
+		if err == nil {
+			shadowed, fileOrigins := map[string]any{}, Origins{}
+			for key, val := range raw {
+				if o, ok := origins[key]; ok && o.Kind != OriginFile {
+					shadowed[key] = val
+					fileOrigins[key] = Origin{Kind: OriginFile, Key: key, Name: src.File, Line: lines[key]}
+				}
+			}
+			_, fileErrs := decode(shadowed)
+			errs = append(errs, fileOrigins.Annotate(errors.Join(fileErrs...)))
+		}
+	}
+	shadowed, envOrigins := map[string]any{}, Origins{}
+	for key, val := range env {
+		if o, ok := origins[key]; ok && o.Kind == OriginFlag {
+			shadowed[key] = val
+			envOrigins[key] = Origin{Kind: OriginEnv, Key: key, Name: envName(key)}
+		}
+	}
+	_, envErrs := decode(shadowed)
+	errs = append(errs, envOrigins.Annotate(errors.Join(envErrs...)))
+	return slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 }
 
 // readFile reads the YAML file at path: its top-level mapping and the line

@@ -547,3 +547,28 @@ func TestRegisterFlags(t *testing.T) {
 		}
 	}
 }
+
+// A malformed value that a later source overrides is still an error,
+// named where it is: it is wrong, and it would be used the day the
+// override is dropped. Well-formed overridden values are no error.
+func TestLoadRefusesAMalformedValueALaterSourceOverrides(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, "interval: banana\npage_size: 500\n")
+	_, err := Load(Sources{File: path, Environ: []string{"JOBREAPER_INTERVAL=5s", "JOBREAPER_PAGE_SIZE=many"},
+		Flags: flags(t, "--page-size", "3000")})
+	if err == nil {
+		t.Fatal("Load accepted a malformed interval in the file under a well-formed variable")
+	}
+	for _, want := range []string{
+		`interval: "banana" is not a duration`, "from file " + path + " line 1 key interval",
+		"page_size", "from environment JOBREAPER_PAGE_SIZE",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	cfg, err := Load(Sources{File: writeFile(t, "interval: 2m\n"), Environ: []string{"JOBREAPER_INTERVAL=5s"}})
+	if err != nil || cfg.Interval != 5*time.Second {
+		t.Fatalf("well-formed override: interval %s, err %v; want 5s and no error", cfg.Interval, err)
+	}
+}
