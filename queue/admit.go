@@ -111,8 +111,18 @@ func (g *Guard) badMarker(ctx context.Context, log *slog.Logger, id string, err 
 
 func (g *Guard) refuseMarked(ctx context.Context, log *slog.Logger, id string, generation, marked int64) (jobs.Lease, bool, error) {
 	g.count(decisionRefusedReaped)
-	log.WarnContext(ctx, "task refused: marker records a reap of this generation",
-		"reason", "marker", "marker_generation", marked)
+	if marked > generation {
+		// No reap of this row set it: a reap of generation g leaves the
+		// row at g, and every later attempt of the row is above g. The
+		// task is still refused (the guard fails closed), and the log
+		// says where such a marker comes from.
+		log.WarnContext(ctx, "task refused: marker records a generation above the row's, so it was set for another row with this job ID: "+
+			"another schema on the same Redis database (marker keys name no schema), or the row was deleted and inserted again with a lower generation; see docs/redis.md#one-schema-per-redis-database",
+			"reason", "marker", "marker_generation", marked)
+	} else {
+		log.WarnContext(ctx, "task refused: marker records a reap of this generation",
+			"reason", "marker", "marker_generation", marked)
+	}
 	return jobs.Lease{}, false, fmt.Errorf("queue.Guard: job %s generation %d: marker %s records generation %d: %w: %w",
 		id, generation, MarkerKey(id), marked, ErrJobReaped, asynq.SkipRetry)
 }

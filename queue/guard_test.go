@@ -3,6 +3,8 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -40,6 +42,32 @@ func TestGuard(t *testing.T) {
 		}
 		if got := b.decisions("refused_reaped"); got != 1 {
 			t.Fatalf("refused_reaped decisions = %v, want 1", got)
+		}
+	})
+
+	t.Run("MarkerAboveTheRowsGenerationRefusesAndSaysWhereItComesFrom", func(t *testing.T) {
+		t.Parallel()
+		b := setupGuard(t)
+		// A QUEUED row at generation 2 under a marker of generation 5: no
+		// reap of this row set it (another schema on the same Redis).
+		b.db.Insert(t, jobstest.Job{ID: "J1", Type: "report.export", Status: jobs.StatusQueued, Generation: 2})
+		if _, err := writeMarker(t.Context(), b.markers, "J1", 5, MarkerTTL); err != nil {
+			t.Fatal(err)
+		}
+		var logs strings.Builder
+		var mu sync.Mutex
+		g := NewGuard(b.store, b.markers, WithWorker("W2"), WithRegisterer(b.reg),
+			WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))))
+		g.taskID = testTaskID
+		h := &recorder{}
+		err := deliver(t.Context(), g, "J1", h)
+		requireRefused(t, err, ErrJobReaped, h)
+		requireRow(t, b.db, "J1", jobs.StatusQueued, 2)
+		mu.Lock()
+		defer mu.Unlock()
+		if !strings.Contains(logs.String(), "marker records a generation above the row's") ||
+			!strings.Contains(logs.String(), "another schema on the same Redis database") {
+			t.Fatalf("guard log lacks the explanation of a foreign marker:\n%s", logs.String())
 		}
 	})
 
@@ -295,4 +323,16 @@ func TestIsFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockedWriter serialises the writes of a logger shared by goroutines.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
