@@ -161,11 +161,19 @@ func decodeFloat(val any) (float64, error) {
 }
 
 // stringList accepts a YAML list of strings, a flag's []string, or one
-// comma-separated string (the environment's form).
+// comma-separated string (the environment's form). The comma-separated
+// forms (a flag, a variable, a string in the file) are split the same
+// way, each item trimmed of the spaces around it ("a, b" is a and b); the
+// items of a YAML list are taken exactly, so Validate refuses one with
+// surrounding spaces.
 func stringList(val any) ([]string, error) {
 	switch x := val.(type) {
 	case []string:
-		return x, nil
+		out := make([]string, len(x))
+		for i := range x {
+			out[i] = strings.TrimSpace(x[i])
+		}
+		return out, nil
 	case string:
 		parts := strings.Split(x, ",")
 		for i := range parts {

@@ -572,3 +572,19 @@ func TestLoadRefusesAMalformedValueALaterSourceOverrides(t *testing.T) {
 		t.Fatalf("well-formed override: interval %s, err %v; want 5s and no error", cfg.Interval, err)
 	}
 }
+
+// A comma-separated queue list is read the same from a flag, a variable
+// and a string in the file: items trimmed.
+func TestQueuesAreTrimmedAlikeInEveryCommaSeparatedSource(t *testing.T) {
+	t.Parallel()
+	for name, src := range map[string]Sources{
+		"flag": {Flags: flags(t, "--queues", "a, b")},
+		"env":  {Environ: []string{"JOBREAPER_QUEUES=a, b"}},
+		"file": {File: writeFile(t, "queues: \"a, b\"\n")},
+	} {
+		cfg, err := Load(src)
+		if err != nil || strings.Join(cfg.Queues, "|") != "a|b" {
+			t.Errorf("%s: queues %q, err %v; want [a b]", name, cfg.Queues, err)
+		}
+	}
+}

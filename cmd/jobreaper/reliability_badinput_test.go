@@ -101,7 +101,9 @@ var badCLICases = []badCLICase{
 	{"SchemaThatIsNotAnIdentifier", func(db *jobstest.DB, _ string) []string {
 		return []string{"run", "--once", "--database-url", db.URL, "--schema", `x"; DROP SCHEMA public; --`}
 	}, exitCannotRun, []string{"is not a plain PostgreSQL identifier"}},
-	{"QueueWithSpaces", onDB("run", "--queues", " a"), exitCannotRun, []string{`queues item 1 " a" has surrounding spaces`}},
+	// A comma-separated list is trimmed whatever its source: " a, a" is a
+	// listed twice.
+	{"QueueListedTwiceAfterTrimming", onDB("run", "--queues", " a, a"), exitCannotRun, []string{`queues item 2 "a" is listed twice`}},
 	{"QueueListedTwice", onDB("run", "--queues", "a,a"), exitCannotRun, []string{`queues item 2 "a" is listed twice`}},
 	{"EmptyQueueName", onDB("run", "--queues", "a,,b"), exitCannotRun, []string{"queues item 2 is empty"}},
 	{"UnknownLister", onDB("run", "--lister", "raw"), exitCannotRun, []string{`lister "raw" is not a lister`}},
