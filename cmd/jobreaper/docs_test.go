@@ -149,3 +149,36 @@ func TestDocsMetricsTableMatchesTheReaper(t *testing.T) {
 		t.Fatalf("docs/metrics.md documents metrics\n%v\nthe reaper exports\n%v", documented, exported)
 	}
 }
+
+// The uninstall steps of docs/operating.md drop every table and function
+// the migrations create, so a user who follows them leaves nothing behind.
+func TestUninstallDropsEveryObjectTheMigrationsCreate(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob(filepath.Join(repoRoot(t), "jobs", "migrations", "*.sql"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no migrations found: %v", err)
+	}
+	created := regexp.MustCompile(`(?m)^\s*CREATE (?:OR REPLACE )?(TABLE|FUNCTION) (?:IF NOT EXISTS )?([a-z_]+)`)
+	page := readDoc(t, "docs/operating.md")
+	start := strings.Index(page, "DROP TABLE jobs,")
+	if start < 0 {
+		t.Fatal("docs/operating.md has no DROP TABLE list of the uninstall steps")
+	}
+	end := strings.Index(page[start:], "```")
+	drops := page[start : start+end]
+	var missing []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range created.FindAllStringSubmatch(string(b), -1) {
+			if !regexp.MustCompile(`\b` + m[2] + `\b`).MatchString(drops) {
+				missing = append(missing, m[1]+" "+m[2]+" ("+filepath.Base(f)+")")
+			}
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("the uninstall steps of docs/operating.md do not drop: %s", strings.Join(missing, ", "))
+	}
+}
