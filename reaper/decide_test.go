@@ -156,7 +156,12 @@ func TestDecideAndReapAgreeOnBoundaries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if found := len(lost) == 1 && lost[0].ID == id; found != (tc.want == "") {
+			// The search also returns, once idle past the stall floor, the
+			// rows the rule cannot judge, so that the pass counts them
+			// (Decide names them; none is reaped): those may be found.
+			unjudgeable := tc.want == reaper.SkipBadLimits || tc.want == reaper.SkipUnknownType ||
+				tc.want == reaper.SkipNoStartTime || tc.want == reaper.SkipBadRow
+			if found := len(lost) == 1 && lost[0].ID == id; found != (tc.want == "") && !(unjudgeable && found) {
 				t.Errorf("set-based ListLostCandidates found the job: %v; Decide says %q", found, tc.want)
 			}
 			if _, err := tx.Exec(ctx, `UPDATE jobs SET queue = NULL WHERE id = $1`, id); err != nil {

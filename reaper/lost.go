@@ -145,7 +145,8 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 		// pass's clock reading, so a job is never reaped on one side alone.
 		v := Decide(&snap, now, res.rule)
 		if !v.Reap {
-			if v.Skip == SkipBadRow { // the SQL cannot see it: count it here
+			switch v.Skip { // rows the SQL returns because the rule cannot judge them: count them here
+			case SkipBadRow, SkipUnknownType, SkipNoStartTime, SkipBadLimits:
 				r.decided(res, snap.ID, &snap, v, "")
 				res.skip(v.Skip, 1)
 				r.logSkip(snap.ID, &snap, v, false)

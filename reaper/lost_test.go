@@ -48,6 +48,35 @@ func TestReapLost(t *testing.T) {
 		})
 	}
 
+	t.Run("LostJobsTheRuleCannotJudgeAreCountedNotIgnored", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Idle long enough, no task anywhere, but no rule applies: a type
+		// without a job_types row, unsafe limits, no start time. Each is
+		// counted under its skip (and warned about), never reaped, and
+		// never left unseen.
+		b.db.JobType(t, "t.lowstall", "10 minutes", "1 second", "")
+		b.db.Insert(t, jobstest.Job{ID: "unknown", Type: "t.none", Generation: 1, Queue: "default",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		b.db.Insert(t, jobstest.Job{ID: "badlimits", Type: "t.lowstall", Generation: 1, Queue: "default",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		b.db.Insert(t, jobstest.Job{ID: "nostart", Type: "report.export", Generation: 1, Queue: "default",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		b.db.Exec(t, `UPDATE `+b.db.Table("jobs")+` SET started_at = NULL WHERE id = 'nostart'`)
+		b.stalled(t, "J1")
+		b.lister.queues["default"] = asynqstate.ActiveTasks{}
+		res, err := runOnce(t, ctx, b.reaper)
+		if err != nil || res.Reaped != 1 || res.ReapedBy["lost_task"] != 1 || res.Skipped["unknown_type"] != 1 ||
+			res.Skipped["bad_limits"] != 1 || res.Skipped["no_start_time"] != 1 {
+			t.Fatalf("result = %+v, err = %v; want J1 reaped as lost_task and unknown_type, bad_limits, no_start_time 1 each", res, err)
+		}
+		for _, id := range []string{"unknown", "badlimits", "nostart"} {
+			if row := b.db.Read(t, id); row.Status != jobs.StatusProcessing {
+				t.Fatalf("%s = %+v, want PROCESSING", id, row)
+			}
+		}
+	})
+
 	t.Run("JobOfAQueueAsynqDoesNotKnowIsHeldWhileNoLiveServerServesIt", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

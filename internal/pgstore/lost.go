@@ -24,17 +24,23 @@ const LostCandidatesLimitDefault = 500
 // (a sane stall timeout is at least @min_stall), keeps the scan to rows idle
 // that long. The active tasks are excluded in Go: sending 100,000 IDs to
 // anti-join would cost more than the search.
-// Rows whose timestamps are infinite (never stalled by the rule) are
-// returned too, so that the caller counts them as bad rows instead of
-// never seeing them.
+// Rows the rule cannot judge are returned too, once idle for @min_stall,
+// so that the caller counts and reports them instead of never seeing them
+// (a PROCESSING row whose task is gone would otherwise stay so for good,
+// unreported): infinite timestamps (bad_row), no job_types row
+// (unknown_type), no started_at (no_start_time) and unsafe limits
+// (bad_limits: a stall timeout under the floor, or a hard_timeout not
+// above max_runtime + stall timeout). Decide names each.
 const lostCandidatesSQL = `SELECT ` + pgcore.SnapshotColumns + `
-  FROM {schema}.jobs j JOIN {schema}.job_types t ON t.name = j.type
+  FROM {schema}.jobs j LEFT JOIN {schema}.job_types t ON t.name = j.type
  WHERE j.status = 'PROCESSING'
    AND j.queue = ANY(@queues::text[])
    AND j.updated_at <= now() - @min_stall::interval
    AND (j.updated_at, j.id) > (@after_updated_at::timestamptz, @after_id::text)
    AND (` + StallPredicate + `
-        OR NOT (isfinite(j.started_at) AND isfinite(j.updated_at)))
+        OR NOT (isfinite(j.started_at) AND isfinite(j.updated_at))
+        OR t.name IS NULL OR j.started_at IS NULL
+        OR NOT (` + limitsSafePredicate + `))
  ORDER BY j.updated_at, j.id
  LIMIT @limit`
 

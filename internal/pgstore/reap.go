@@ -101,14 +101,20 @@ func outageEndArg(end time.Time) pgtype.Timestamptz {
 const StallPredicate = `
       j.status COLLATE "C" = 'PROCESSING'
   AND j.started_at IS NOT NULL
-  AND coalesce(t.stall_timeout, @default_stall) >= @min_stall
-  AND extract(epoch FROM coalesce(t.hard_timeout, @default_hard)) - 453600 * extract(year FROM coalesce(t.hard_timeout, @default_hard))
-    > extract(epoch FROM t.max_runtime) - 453600 * extract(year FROM t.max_runtime)
-    + extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) - 453600 * extract(year FROM coalesce(t.stall_timeout, @default_stall))
+  AND ` + limitsSafePredicate + `
   AND CASE WHEN isfinite(j.started_at) AND isfinite(j.updated_at)
            THEN now() - j.started_at > t.max_runtime
             AND now() - greatest(j.updated_at, @outage_end::timestamptz) >= coalesce(t.stall_timeout, @default_stall)
       END`
+
+// limitsSafePredicate is the part of StallPredicate that checks the
+// type's limits (t, of job_types): a stall timeout at least the floor, and
+// a hard_timeout above max_runtime + stall timeout (NULL when the type is
+// unknown).
+const limitsSafePredicate = `coalesce(t.stall_timeout, @default_stall) >= @min_stall
+  AND extract(epoch FROM coalesce(t.hard_timeout, @default_hard)) - 453600 * extract(year FROM coalesce(t.hard_timeout, @default_hard))
+    > extract(epoch FROM t.max_runtime) - 453600 * extract(year FROM t.max_runtime)
+    + extract(epoch FROM coalesce(t.stall_timeout, @default_stall)) - 453600 * extract(year FROM coalesce(t.stall_timeout, @default_stall))`
 
 // ReapParams names the job to reap and the state it was read in.
 type ReapParams struct {
