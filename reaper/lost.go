@@ -243,6 +243,11 @@ type liveServers struct {
 	err   error
 	// reported: the read's failure was counted as an error of the pass.
 	reported bool
+	// regDone, reg and regErr: the dead-early search's read of the whole
+	// registry (liveRegistry), at most once per pass.
+	regDone bool
+	reg     asynqstate.Registry
+	regErr  error
 }
 
 // liveQueues returns the queues live servers serve, and false when they
