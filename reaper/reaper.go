@@ -180,8 +180,8 @@ type Reaper struct {
 	lost     lostState
 	// deadEarly is the dead-early search's cursor.
 	deadEarly deadEarlyState
-	stale    staleState
-	badNames badQueueNames
+	stale     staleState
+	badNames  badQueueNames
 
 	// uncovered is what the last uncovered-queue check reported.
 	uncovered uncoveredState
