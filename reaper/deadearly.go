@@ -254,12 +254,17 @@ func (r *Reaper) liveRegistry(ctx context.Context, ds DeadEarlyState, l *liveSer
 	if !l.regDone {
 		l.regDone = true
 		l.reg, l.regErr = ds.LiveServers(ctx)
-		if l.regErr == nil && !l.done {
-			l.done, l.live = true, l.reg.Queues
+		if !l.done {
+			l.done, l.live, l.err = true, l.reg.Queues, l.regErr
 		}
 	}
 	if l.regErr != nil {
-		r.failed(ctx, res, stageList, "reading asynq's live-server registry failed; no job is reaped early this pass", "err", l.regErr)
+		if !l.reported {
+			l.reported = true
+			r.failed(ctx, res, stageList, "reading asynq's live-server registry failed; no job is reaped early this pass", "err", l.regErr)
+		} else if ctx.Err() == nil {
+			r.log.Warn("asynq's live servers could not be read this pass (counted above); no job is reaped early this pass", "err", l.regErr)
+		}
 		return asynqstate.Registry{}, false
 	}
 	return l.reg, true

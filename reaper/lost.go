@@ -256,7 +256,14 @@ type liveServers struct {
 func (r *Reaper) liveQueues(ctx context.Context, l *liveServers, res *Result, without string) (map[string]bool, bool) {
 	if !l.done {
 		l.done = true
-		l.live, l.err = l.state.LiveQueues(ctx)
+		if ds, ok := l.state.(DeadEarlyState); ok && !l.regDone {
+			// One read of the registry serves the dead-early search too.
+			l.regDone = true
+			l.reg, l.regErr = ds.LiveServers(ctx)
+			l.live, l.err = l.reg.Queues, l.regErr
+		} else {
+			l.live, l.err = l.state.LiveQueues(ctx)
+		}
 	}
 	if l.err == nil {
 		return l.live, true
