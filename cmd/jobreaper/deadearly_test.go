@@ -36,15 +36,14 @@ const (
 	deadEarlyWithin = 10 * (deadEarlyStall + 2*deadEarlyInterval)
 )
 
-// deadEarlyFleet is one test's schema, its own Redis, an asynq server of
-// the test's own that serves the queue (its recoverer archives the tasks
+// deadEarlyFleet is the test's schema, its own Redis, an asynq server of
+// the test's own that serves the queues (its recoverer archives the tasks
 // of a dead worker), and a daemon.
 type deadEarlyFleet struct {
 	t      *testing.T
 	db     *jobstest.DB
 	redis  *redistest.Server
 	rdb    *redis.Client
-	q      string
 	daemon *fleettest.Daemon
 	state  *asynqstate.StatusReader
 }
@@ -53,7 +52,7 @@ func newDeadEarlyFleet(t *testing.T) *deadEarlyFleet {
 	t.Helper()
 	db := jobstest.New(t)
 	srv := redistest.Start(t)
-	f := &deadEarlyFleet{t: t, db: db, redis: srv, rdb: srv.Client(t), q: "long"}
+	f := &deadEarlyFleet{t: t, db: db, redis: srv, rdb: srv.Client(t)}
 	f.state = asynqstate.NewStatusReader(f.rdb, 0)
 	// Long types: max_runtime 2 h, a short stall timeout; one opted in.
 	db.JobType(t, "video.encode", "2 hours", "8 seconds", "4 hours")
@@ -62,56 +61,60 @@ func newDeadEarlyFleet(t *testing.T) *deadEarlyFleet {
 	return f
 }
 
-// startWorker starts a worker process whose guard names itself
+// startWorker starts a worker process of queue q whose guard names itself
 // "<host>:<pid>", the default.
-func (f *deadEarlyFleet) startWorker(name string, args ...string) *fleettest.Worker {
+func (f *deadEarlyFleet) startWorker(name, q string, args ...string) *fleettest.Worker {
 	f.t.Helper()
 	return fleettest.StartWorker(f.t, fleettest.BuildWorker(f.t), fleettest.WorkerOptions{Name: name, DefaultName: true,
-		DatabaseURL: f.db.URL, Schema: f.db.Schema, RedisURL: f.redis.URL, Queue: f.q, Args: args})
+		DatabaseURL: f.db.URL, Schema: f.db.Schema, RedisURL: f.redis.URL, Queue: q, Args: args})
 }
 
-// enqueue inserts id QUEUED and enqueues its last (only) attempt.
-func (f *deadEarlyFleet) enqueue(id, typ, payload string) {
+// enqueue inserts id QUEUED in q and enqueues its last (only) attempt.
+func (f *deadEarlyFleet) enqueue(id, typ, q, payload string) {
 	f.t.Helper()
-	f.db.Insert(f.t, jobstest.Job{ID: id, Type: typ, Status: jobs.StatusQueued, Queue: f.q})
+	f.db.Insert(f.t, jobstest.Job{ID: id, Type: typ, Status: jobs.StatusQueued, Queue: q})
 	if _, err := queue.Enqueue(f.t.Context(), asynq.NewClientFromRedisClient(f.rdb), f.db.Store(), asynq.NewTask(typ, []byte(payload)), id,
 		asynq.MaxRetry(0)); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
-// serveQueue starts the test's own asynq server of the queue; it takes no
+// serveQueues starts the test's own asynq server of queues; it takes no
 // task while the workers hold theirs, and its recoverer archives the
 // tasks whose lease expired.
-func (f *deadEarlyFleet) serveQueue() {
+func (f *deadEarlyFleet) serveQueues(queues ...string) {
 	f.t.Helper()
-	live := asynq.NewServerFromRedisClient(f.rdb, asynq.Config{Queues: map[string]int{f.q: 1}, LogLevel: asynq.FatalLevel})
+	weights := map[string]int{}
+	for _, q := range queues {
+		weights[q] = 1
+	}
+	live := asynq.NewServerFromRedisClient(f.rdb, asynq.Config{Queues: weights, LogLevel: asynq.FatalLevel})
 	if err := live.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(live.Shutdown)
 }
 
-func (f *deadEarlyFleet) startDaemon() {
+func (f *deadEarlyFleet) startDaemon(queues string) {
 	f.t.Helper()
 	f.daemon = fleettest.StartDaemon(f.t, fleettest.BuildJobreaper(f.t), fleettest.DaemonOptions{Name: "daemon",
 		DatabaseURL: f.db.URL, RedisURL: f.redis.URL,
-		Args: []string{"--schema", f.db.Schema, "--queues", f.q, "--interval", deadEarlyInterval.String(),
+		Args: []string{"--schema", f.db.Schema, "--queues", queues, "--interval", deadEarlyInterval.String(),
 			"--heartbeat-interval", "1s", "--stall-timeout", deadEarlyStall.String()}})
 }
 
-// awaitDead waits until asynq holds id's task archived with its
-// lease-expired error and no live server runs in the process of worker,
-// and returns when it saw both.
-func (f *deadEarlyFleet) awaitDead(id, worker string) time.Time {
+// awaitDead waits until asynq holds the task of id (in q) archived with its
+// lease-expired error, no live server runs in the process of worker, and
+// a live server serves q, and returns when it saw all three.
+func (f *deadEarlyFleet) awaitDead(id, q, worker string) time.Time {
 	f.t.Helper()
 	ctx := f.t.Context()
 	deadline := time.Now().Add(asynqArchiveWithin)
 	for {
-		ends, err := f.state.TaskEnds(ctx, []asynqstate.TaskRef{{Queue: f.q, ID: id}})
+		ends, err := f.state.TaskEnds(ctx, []asynqstate.TaskRef{{Queue: q, ID: id}})
 		reg, regErr := f.state.LiveServers(ctx)
 		if err == nil && regErr == nil && ends[0].Status == asynqstate.TaskArchived && ends[0].LastErr == asynqstate.ErrLeaseExpiredText &&
-			!reg.Processes[worker] && reg.Queues[f.q] {
+			!reg.Processes[worker] && reg.Queues[q] {
 			return time.Now()
 		}
 		if time.Now().After(deadline) {
@@ -131,7 +134,22 @@ func (f *deadEarlyFleet) claimedBy(id string) string {
 		worker = row.Worker
 		return row.Status == jobs.StatusProcessing && worker != ""
 	})
+	if !defaultNameOf(worker) {
+		f.t.Fatalf("worker name %q is not the guard's default host:pid", worker)
+	}
 	return worker
+}
+
+// awaitReaped waits until id is no longer PROCESSING, failing the test
+// when that takes longer than within from since.
+func (f *deadEarlyFleet) awaitReaped(id string, since time.Time, within time.Duration, what string) {
+	f.t.Helper()
+	for f.db.Read(f.t, id).Status == jobs.StatusProcessing {
+		if time.Now().After(since.Add(within)) {
+			f.t.Fatalf("%s not reaped within %s of %s", id, within, what)
+		}
+		time.Sleep(200 * time.Millisecond) // polling the daemon's passes
+	}
 }
 
 // deadEarlyReaps counts id's reaped events of the dead-early rule.
@@ -145,39 +163,46 @@ func (f *deadEarlyFleet) passes() float64 {
 	return f.daemon.Metric("jobreaper_passes_total", `outcome="ok"`)
 }
 
-// A worker process of a long type that opted into reap_dead_early is
-// SIGKILLed on its job's last attempt: once asynq archived the task (its
-// lease expired) and the worker left asynq's registry, the job is reaped
-// as lost_task within stall timeout + two intervals, two hours before its
-// max_runtime. The same death of a job of a type that did not opt in
-// keeps the full rule: PROCESSING until max_runtime, then reaped.
-func TestDeadEarly_KilledWorkerOfAnOptedInTypeIsReapedAtItsStallTimeout(t *testing.T) {
+// Three jobs of long types (max_runtime 2 h, stall timeout 8 s) on their
+// last attempt, side by side so that one asynq recoverer tick serves all:
+//
+//   - J-dead, of a type that opted into reap_dead_early, whose worker
+//     process is SIGKILLed: once asynq archived its task (lease expired)
+//     and the worker left asynq's registry, it is reaped as lost_task
+//     within stall timeout + two intervals, two hours before max_runtime;
+//   - J-plain, of a type that did not opt in, on the same killed worker:
+//     asynq says the same of it, yet it stays PROCESSING until its
+//     max_runtime passes, and then the full rule reaps it;
+//   - J-cut, of the opted-in type, whose worker process is cut off from
+//     Redis but not from PostgreSQL: asynq expires its lease and archives
+//     its task, and the worker leaves the registry, as if dead; but its
+//     handler (one that ignores asynq's cancel) keeps heartbeating, so it
+//     is not reaped. Once it stops heartbeating, the rule's last condition
+//     holds and it is reaped early too.
+func TestDeadEarly_OnlyADeadAttemptOfAnOptedInTypeIsReapedBeforeMaxRuntime(t *testing.T) {
 	t.Parallel()
 	f := newDeadEarlyFleet(t)
-	w := f.startWorker("w-killed", "--kind", "hang")
-	dead, plain := "J-dead", "J-plain"
-	f.enqueue(dead, "video.encode", "")
-	f.enqueue(plain, "video.plain", "")
-	worker := f.claimedBy(dead)
-	if f.claimedBy(plain) != worker {
-		t.Fatal("the two jobs were claimed by different workers")
+	qKilled, qCut := "long-killed", "long-cut"
+	killed := f.startWorker("w-killed", qKilled, "--kind", "hang")
+	cut := f.startWorker("w-cut", qCut, "--kind", "heartbeat", "--heartbeat-every", "200ms")
+	dead, plain, alive := "J-dead", "J-plain", "J-cut"
+	f.enqueue(dead, "video.encode", qKilled, "")
+	f.enqueue(plain, "video.plain", qKilled, "")
+	f.enqueue(alive, "video.encode", qCut, `{"ignore_cancel": true}`)
+	killedName := f.claimedBy(dead)
+	if f.claimedBy(plain) != killedName {
+		t.Fatal("J-dead and J-plain were claimed by different workers")
 	}
-	if !defaultNameOf(worker) {
-		t.Fatalf("worker name %q is not the guard's default host:pid", worker)
-	}
-	f.serveQueue()
-	f.startDaemon()
-	w.Signal(t, syscall.SIGKILL)
-	w.Wait(t)
+	cutName := f.claimedBy(alive)
+	cut.Await(t, "start "+alive)
+	f.serveQueues(qKilled, qCut)
+	f.startDaemon(qKilled + "," + qCut)
+	killed.Signal(t, syscall.SIGKILL)
+	killed.Wait(t)
+	cut.Redis.Cut()
 
-	gone := f.awaitDead(dead, worker)
-	deadline := gone.Add(deadEarlyWithin)
-	for f.db.Read(t, dead).Status == jobs.StatusProcessing {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not reaped within %s of asynq archiving its task and its worker leaving the registry", dead, deadEarlyWithin)
-		}
-		time.Sleep(200 * time.Millisecond) // polling the daemon's passes
-	}
+	gone := f.awaitDead(dead, qKilled, killedName)
+	f.awaitReaped(dead, gone, deadEarlyWithin, "asynq archiving its task and its worker leaving the registry")
 	row := f.db.Read(t, dead)
 	if row.Status != jobs.StatusFailed || row.FailureReason != jobs.ReasonLostTask || f.deadEarlyReaps(dead) != 1 {
 		t.Fatalf("%s = %+v with %d dead-early reaped events; want FAILED lost_task, once", dead, row, f.deadEarlyReaps(dead))
@@ -186,62 +211,34 @@ func TestDeadEarly_KilledWorkerOfAnOptedInTypeIsReapedAtItsStallTimeout(t *testi
 		t.Fatal("the job was not reaped well before its max_runtime")
 	}
 
-	// The type without the opt-in: asynq says the same of its task, yet
-	// passes well past its stall timeout leave it alone.
-	f.awaitDead(plain, worker)
+	// asynq says the same of J-plain and J-cut, yet passes for three stall
+	// timeouts leave both alone.
+	f.awaitDead(plain, qKilled, killedName)
+	f.awaitDead(alive, qCut, cutName)
 	from := f.passes()
-	fleettest.WaitFor(t, "the daemon ran 2 x stall timeout of passes more", func() bool { return f.passes() >= from+2*deadEarlyStall.Seconds() })
+	fleettest.WaitFor(t, "the daemon ran 3 x stall timeout of passes more", func() bool { return f.passes() >= from+3*deadEarlyStall.Seconds() })
 	if row := f.db.Read(t, plain); row.Status != jobs.StatusProcessing {
 		t.Fatalf("%s of a type without reap_dead_early = %+v before its max_runtime; want PROCESSING", plain, row)
 	}
-	// Its max_runtime passed: the full rule reaps it, not the early one.
+	if row := f.db.Read(t, alive); row.Status != jobs.StatusProcessing || f.db.Events(t, alive, "reaped") != 0 {
+		t.Fatalf("%s of a live worker cut off from Redis = %+v; want PROCESSING, never reaped", alive, row)
+	}
+	if n := f.db.Count(t, `SELECT count(*) FROM jobs WHERE id = $1 AND now() - updated_at < $2::interval`, alive, deadEarlyStall.String()); n != 1 {
+		t.Fatal("the cut worker's heartbeats did not keep its job's idle time under the stall timeout")
+	}
+
+	// J-plain's max_runtime passed: the full rule reaps it, not the early one.
 	f.db.Exec(t, `UPDATE jobs SET started_at = now() - interval '2 hours 1 minute' WHERE id = $1`, plain)
-	fleettest.WaitFor(t, plain+" reaped by the full rule", func() bool { return f.db.Read(t, plain).Status == jobs.StatusFailed })
+	f.awaitReaped(plain, time.Now(), deadEarlyWithin, "its max_runtime passing")
 	if row := f.db.Read(t, plain); row.FailureReason != jobs.ReasonLostTask || f.db.Events(t, plain, "reaped") != 1 || f.deadEarlyReaps(plain) != 0 {
 		t.Fatalf("%s = %+v, %d dead-early reaps; want lost_task by the full rule", plain, row, f.deadEarlyReaps(plain))
 	}
-}
 
-// A worker process cut off from Redis but not from PostgreSQL: asynq
-// expires its task's lease and archives the task, and the worker leaves
-// asynq's registry, just as if it had died; but its handler (one that
-// ignores asynq's cancel) keeps heartbeating, so its job's idle time never
-// reaches the stall timeout and the job is not reaped early. Once the
-// handler stops heartbeating, the rule's last condition holds and the job
-// is reaped early.
-func TestDeadEarly_WorkerCutOffFromRedisButHeartbeatingIsNotReaped(t *testing.T) {
-	t.Parallel()
-	f := newDeadEarlyFleet(t)
-	w := f.startWorker("w-cut", "--kind", "heartbeat", "--heartbeat-every", "200ms")
-	id := "J-cut"
-	f.enqueue(id, "video.encode", `{"ignore_cancel": true}`)
-	worker := f.claimedBy(id)
-	w.Await(t, "start "+id)
-	f.serveQueue()
-	f.startDaemon()
-	w.Redis.Cut()
-
-	f.awaitDead(id, worker)
-	from := f.passes()
-	fleettest.WaitFor(t, "the daemon ran 3 x stall timeout of passes more", func() bool { return f.passes() >= from+3*deadEarlyStall.Seconds() })
-	if row := f.db.Read(t, id); row.Status != jobs.StatusProcessing || f.db.Events(t, id, "reaped") != 0 {
-		t.Fatalf("%s of a live worker cut off from Redis = %+v; want PROCESSING, never reaped", id, row)
-	}
-	if n := f.db.Count(t, `SELECT count(*) FROM jobs WHERE id = $1 AND now() - updated_at < $2::interval`, id, deadEarlyStall.String()); n != 1 {
-		t.Fatal("the worker's heartbeats did not keep the job's idle time under its stall timeout")
-	}
-
-	// It stops heartbeating: reaped early within the bound.
-	w.Tell(t, "hang "+id)
-	stopped := time.Now()
-	for f.db.Read(t, id).Status == jobs.StatusProcessing {
-		if time.Now().After(stopped.Add(deadEarlyWithin)) {
-			t.Fatalf("%s not reaped within %s of its last heartbeat", id, deadEarlyWithin)
-		}
-		time.Sleep(200 * time.Millisecond) // polling the daemon's passes
-	}
-	if row := f.db.Read(t, id); row.FailureReason != jobs.ReasonLostTask || f.deadEarlyReaps(id) != 1 {
-		t.Fatalf("%s = %+v; want reaped as lost_task by the dead-early rule", id, row)
+	// J-cut's handler stops heartbeating: reaped early within the bound.
+	cut.Tell(t, "hang "+alive)
+	f.awaitReaped(alive, time.Now(), deadEarlyWithin, "its last heartbeat")
+	if row := f.db.Read(t, alive); row.FailureReason != jobs.ReasonLostTask || f.deadEarlyReaps(alive) != 1 {
+		t.Fatalf("%s = %+v; want reaped as lost_task by the dead-early rule", alive, row)
 	}
 }
 
