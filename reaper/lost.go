@@ -244,6 +244,11 @@ type liveServers struct {
 	err   error
 	// reported: the read's failure was counted as an error of the pass.
 	reported bool
+	// regDone, reg and regErr: the dead-early search's read of the whole
+	// registry (liveRegistry), at most once per pass.
+	regDone bool
+	reg     asynqstate.Registry
+	regErr  error
 }
 
 // liveQueues returns the queues live servers serve, and false when they
@@ -252,7 +257,14 @@ type liveServers struct {
 func (r *Reaper) liveQueues(ctx context.Context, l *liveServers, res *Result, without string) (map[string]bool, bool) {
 	if !l.done {
 		l.done = true
-		l.live, l.err = l.state.LiveQueues(ctx)
+		if ds, ok := l.state.(DeadEarlyState); ok && !l.regDone {
+			// One read of the registry serves the dead-early search too.
+			l.regDone = true
+			l.reg, l.regErr = ds.LiveServers(ctx)
+			l.live, l.err = l.reg.Queues, l.regErr
+		} else {
+			l.live, l.err = l.state.LiveQueues(ctx)
+		}
 	}
 	if l.err == nil {
 		return l.live, true

@@ -30,6 +30,7 @@ type Store interface {
 	LoadForTasks(ctx context.Context, ids []string) (map[string]jobs.Snapshot, error)
 	ReapBatch(ctx context.Context, p pgstore.ReapBatchParams) (pgstore.ReapBatchResult, error)
 	ListLostCandidates(ctx context.Context, p pgstore.LostCandidatesParams) ([]jobs.Snapshot, error)
+	ListDeadEarlyCandidates(ctx context.Context, p pgstore.DeadEarlyCandidatesParams) ([]jobs.Snapshot, error)
 	MarkMarkersSet(ctx context.Context, refs []pgstore.MarkerRef) error
 	MarkMarkersFailed(ctx context.Context, refs []pgstore.MarkerRef) error
 	ListMissingMarkers(ctx context.Context, now time.Time, within time.Duration, limit int) ([]pgstore.MissingMarker, error)
@@ -177,8 +178,10 @@ type Reaper struct {
 	eviction evictionState
 	reassert reassertState
 	lost     lostState
-	stale    staleState
-	badNames badQueueNames
+	// deadEarly is the dead-early search's cursor.
+	deadEarly deadEarlyState
+	stale     staleState
+	badNames  badQueueNames
 
 	// uncovered is what the last uncovered-queue check reported.
 	uncovered uncoveredState
@@ -353,6 +356,9 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
 	r.reapLost(ctx, listed, ids, noLease, live, now, &res)
+	// Dead attempts of types that opted into reap_dead_early, before
+	// their max_runtime.
+	r.reapDeadEarly(ctx, listed, ids, noLease, live, now, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
 	// Queues asynq knows that no live leader lease's queue set covers,

@@ -60,6 +60,13 @@ func (r *Reaper) judgeLoaded(ctx context.Context, batch []string, now time.Time,
 // was tried and committed (or, in a dry run, counted): no batch failed,
 // none was left to a lapsed leader lease or a stop.
 func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason string, res *Result) (complete bool) {
+	return r.reapSetRule(ctx, stalled, reason, false, res)
+}
+
+// reapSetRule is reapSet; deadEarly makes each compare-and-set re-check
+// the dead-early rule's database side (pgstore.ReapBatchParams.DeadEarly)
+// instead of the full stall rule.
+func (r *Reaper) reapSetRule(ctx context.Context, stalled []stalledJob, reason string, deadEarly bool, res *Result) (complete bool) {
 	scanned := func(outcome string, n int) {
 		if reason == jobs.ReasonStalled {
 			res.scannedAs(outcome, n)
@@ -89,7 +96,7 @@ func (r *Reaper) reapSet(ctx context.Context, stalled []stalledJob, reason strin
 			cands[i] = pgstore.ReapCandidate{JobID: sn.id, Generation: sn.generation, UpdatedAt: sn.updatedAt()}
 			queues[sn.id] = sn.kind.queue
 		}
-		out, err := r.store.ReapBatch(ctx, pgstore.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule})
+		out, err := r.store.ReapBatch(ctx, pgstore.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule, DeadEarly: deadEarly})
 		for _, f := range out.Failed {
 			r.failed(ctx, res, stageReap, "reap failed for one job (its on_failed cascade); the rest of its batch went on, this job is retried next pass",
 				"job_id", f.JobID, "err", f.Err)

@@ -53,9 +53,14 @@ const (
 )
 
 func (a *app) cancelCmd() *cobra.Command {
-	var reason, output string
+	var (
+		reason, output              string
+		createdSince, startedBefore string
+		bulk                        bulkFlags
+	)
 	cmd := &cobra.Command{
-		Use:   "cancel --reason TEXT <job-id>...",
+		Use: "cancel --reason TEXT (<job-id>... | [--created-since TIME] [--started-before TIME]\n" +
+			"  [--where-type T,...] [--queues Q,...] --limit N [--dry-run])",
 		Short: "Fail QUEUED or PROCESSING jobs as cancelled, with their cascade, marker and a cancel of the running handler",
 		Long: `cancel fails each named job that is QUEUED or PROCESSING with failure code
 cancelled, in one fenced transaction per job that also runs the type's
@@ -69,12 +74,20 @@ Heartbeat, Fail) is refused as job_terminal.
 
 A COMPLETED, FAILED or unknown job is refused and nothing about it changes.
 
+Instead of IDs, a time filter takes the QUEUED and PROCESSING jobs created
+since --created-since and/or (PROCESSING only) whose attempt started before
+--started-before, of --where-type and --queues when given. TIME is an RFC
+3339 time or a duration ago (2h, 90m), on the database's clock; at least
+one time flag is required. --limit N (1 to 10000) is required: a run takes
+at most N jobs, the oldest first, and says when more match. --dry-run prints
+how many jobs match and the first 20 IDs, and changes nothing. Each job
+taken goes through the same checks and writes as cancel JOB_ID.
+
 It prints one line per job on stdout, cancelled, refused or error alike (one
 JSON object per line with --output json: job_id, outcome, queue, from_status,
 task_state, generation, marker, handler, message); logs go to stderr. Exit
 codes: 0 every job was cancelled, 1 a job was refused or a follow-up
 (marker, cancel) failed, 2 could not run.`,
-		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if output != outputText && output != outputJSON {
 				return cannotRun("--output %q is not a format: use text or json", output)
@@ -82,18 +95,75 @@ codes: 0 every job was cancelled, 1 a job was refused or a follow-up
 			if err := pgstore.CheckOperatorReason(reason); err != nil {
 				return cannotRun("cancel needs --reason TEXT, recorded in each job's event: %v", strings.TrimSuffix(err.Error(), ": "+jobs.ErrInvalidArgument.Error()))
 			}
+			var filter *pgstore.JobFilter
+			queues, err := cmd.Flags().GetStringSlice("queues")
+			if err != nil {
+				return cannotRun("--queues: %v", err)
+			}
+			if cmd.Flags().Changed("created-since") || cmd.Flags().Changed("started-before") || cmd.Flags().Changed("queues") || bulk.changed(cmd) {
+				f, err := cancelFilter(cmd, createdSince, startedBefore, queues, &bulk, ids)
+				if err != nil {
+					return err
+				}
+				filter = f
+			} else if len(ids) == 0 {
+				return cannotRun("give the IDs of the jobs to cancel, or a time filter (--created-since, --started-before) with --limit")
+			}
 			d, cfg, log, err := a.openOps(cmd, config.CancelKeys, true, true)
 			if err != nil {
 				return err
 			}
 			defer d.close()
-			return a.cancelJobs(cmd.Context(), d, log.With("component", "cancel"), cancelRun{ids: ids, reason: reason, output: output, cfg: cfg})
+			return a.cancelJobs(cmd.Context(), d, log.With("component", "cancel"), cancelRun{ids: ids, reason: reason, output: output, cfg: cfg,
+				filter: filter, dryRun: bulk.dryRun})
 		},
 	}
 	config.RegisterFlags(cmd.Flags(), config.CancelKeys...)
+	cmd.Flags().StringVar(&createdSince, "created-since", "", "cancel the QUEUED and PROCESSING jobs created since this RFC 3339 time or duration ago (2h)")
+	cmd.Flags().StringVar(&startedBefore, "started-before", "", "cancel the PROCESSING jobs whose attempt started before this RFC 3339 time or duration ago (2h)")
+	// --queues is the daemon's setting, hidden for cancel by RegisterFlags;
+	// cancel reads the flag alone, so that a config file's queues never
+	// scope a bulk cancel.
+	qf := cmd.Flags().Lookup("queues")
+	qf.Hidden, qf.Usage = false, "with a time filter: only jobs of these queues, comma-separated (a job without a queue is in default)"
+	bulk.register(cmd, "cancel")
 	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are cancelled (required; recorded in each job's event)")
 	cmd.Flags().StringVar(&output, "output", outputText, "format of the lines on stdout: text or json (one object per line)")
 	return cmd
+}
+
+// cancelFilter checks the flags of cancel's filtered form and returns its
+// filter.
+func cancelFilter(cmd *cobra.Command, createdSince, startedBefore string, queues []string, bulk *bulkFlags, ids []string) (*pgstore.JobFilter, error) {
+	switch {
+	case len(ids) > 0:
+		return nil, cannotRun("give job IDs or a time filter, not both")
+	case createdSince == "" && startedBefore == "":
+		return nil, cannotRun("--created-since or --started-before is required to cancel by filter: there is no unscoped bulk cancel")
+	}
+	if err := bulk.check(cmd); err != nil {
+		return nil, err
+	}
+	if err := checkList("--queues", queues); err != nil {
+		return nil, err
+	}
+	f := &pgstore.JobFilter{Types: bulk.types, Queues: queues, Limit: bulk.limit,
+		Statuses: []string{pgstore.StatusQueued, pgstore.StatusProcessing}}
+	var err error
+	if createdSince != "" {
+		if f.CreatedSince, err = parseTimeBound("--created-since", createdSince); err != nil {
+			return nil, err
+		}
+	}
+	if startedBefore != "" {
+		// A QUEUED job's started_at is a past attempt's: only a running
+		// attempt is selected by its start.
+		f.Statuses = []string{pgstore.StatusProcessing}
+		if f.StartedBefore, err = parseTimeBound("--started-before", startedBefore); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 // cancelRun is one invocation of cancel.
@@ -101,6 +171,10 @@ type cancelRun struct {
 	ids            []string
 	reason, output string
 	cfg            config.Config
+	// filter, when set, selects the jobs instead of ids; dryRun prints
+	// what it selects and cancels none.
+	filter *pgstore.JobFilter
+	dryRun bool
 }
 
 // cancelJobs cancels each job of run.ids and prints one line per job. It
@@ -108,8 +182,28 @@ type cancelRun struct {
 func (a *app) cancelJobs(ctx context.Context, d *opsDeps, log *slog.Logger, run cancelRun) error {
 	c := jobCanceller{d: d, log: log, reason: run.reason, operator: operatorName(),
 		tasks: asynqstate.NewStatusReader(d.rdb, run.cfg.OpTimeout), canceller: asynqstate.NewCanceller(d.rdb, run.cfg.OpTimeout)}
+	ids := run.ids
+	if run.filter != nil {
+		sel, err := d.store.SelectJobs(ctx, *run.filter)
+		if err != nil {
+			return &exitError{code: exitPassErrors, err: fmt.Errorf("selecting the jobs to cancel failed, nothing changed: %w", err)}
+		}
+		if run.dryRun {
+			if err := printBulkDryRun(a, "cancel", sel, run.filter.Limit, run.output); err != nil {
+				return cannotRun("writing the output: %v", err)
+			}
+			return nil
+		}
+		if sel.Matched > len(sel.IDs) {
+			log.Warn("more jobs match than --limit takes; run the command again for the rest", "matched", sel.Matched, "limit", run.filter.Limit)
+		}
+		if sel.Matched == 0 {
+			log.Info("no QUEUED or PROCESSING job matches the filter")
+		}
+		ids = sel.IDs
+	}
 	bad := 0
-	for _, id := range run.ids {
+	for _, id := range ids {
 		line := c.cancel(ctx, id)
 		if line.Outcome != outcomeCancelled || line.Marker != markerSet || line.Handler == handlerCancelNotSent {
 			bad++

@@ -372,7 +372,7 @@ func TestCLIHygiene(t *testing.T) {
 			"migrate": {has: []string{"--database-url", "--schema"}, hasNot: []string{"--queues", "--redis-url", "--once", "--stall-timeout"}},
 			"prune":   {has: []string{"--older-than", "--dry-run", "--database-url"}, hasNot: []string{"--redis-url", "--queues", "--once"}},
 			"inspect": {has: []string{"--output", "--redis-url"}, hasNot: []string{"--queues", "--once", "--interval"}},
-			"cancel":  {has: []string{"--reason", "--redis-url"}, hasNot: []string{"--queues", "--once", "--interval"}},
+			"cancel":  {has: []string{"--reason", "--redis-url", "--queues", "--limit"}, hasNot: []string{"--once", "--interval"}},
 			"version": {hasNot: []string{"--database-url", "--config"}},
 			"run":     {has: []string{"--once", "--queues", "--stall-timeout"}, hasNot: []string{"--reason", "--older-than"}},
 		}

@@ -51,9 +51,14 @@ func (a *app) requeueCmd() *cobra.Command {
 		reason, output        string
 		stale, replaceWaiting bool
 		staleAfter            time.Duration
+		failedSince           string
+		failedUntil           string
+		failures              []string
+		bulk                  bulkFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "requeue --reason TEXT [--replace-waiting] (JOB_ID... | --stale [--queues Q,...] [--stale-after D])",
+		Use: "requeue --reason TEXT [--replace-waiting] (JOB_ID... | --stale [--queues Q,...] [--stale-after D] |\n" +
+			"  --failed-since TIME [--failed-until TIME] [--where-type T,...] [--queues Q,...] [--where-failure F,...] --limit N [--dry-run])",
 		Short: "Run FAILED or stale QUEUED jobs again from the task asynq still holds for them",
 		Long: `requeue puts each job back to QUEUED with its generation raised (so its
 reaped marker no longer refuses it) and enqueues its task again with the
@@ -67,6 +72,16 @@ that is where the product resets its own status of the job.
 --stale takes the QUEUED jobs older than --stale-after (default: the
 stale_queued_after setting) in --queues (default: every queue) whose task
 asynq will never run: archived, completed or gone.
+
+--failed-since takes the FAILED jobs that failed since TIME (and before
+--failed-until, when given), of --where-type, --queues and --where-failure
+(failure reasons: stalled, lost_task, cancelled, ...) when given: the
+clean-up after an upstream outage. TIME is an RFC 3339 time or a duration
+ago (2h, 90m), on the database's clock. --limit N (1 to 10000) is required:
+a run takes at most N jobs, those that failed first, and says when more
+match. --dry-run prints how many jobs match and the first 20 IDs, and
+changes nothing. Each job taken goes through the same checks and writes as
+requeue JOB_ID.
 
 A job is refused, and nothing about it changes, when it is unknown,
 PROCESSING or COMPLETED, when asynq holds its task active, pending,
@@ -91,15 +106,26 @@ could not run.`,
 			if strings.TrimSpace(reason) == "" {
 				return cannotRun("--reason is required: say why the jobs are run again (it is recorded in each job's requeued event)")
 			}
+			filtered := cmd.Flags().Changed("failed-since") || cmd.Flags().Changed("failed-until") ||
+				cmd.Flags().Changed("where-failure") || bulk.changed(cmd)
+			var filter *pgstore.JobFilter
+			if filtered {
+				f, err := requeueFilter(cmd, failedSince, failedUntil, failures, &bulk, stale, ids)
+				if err != nil {
+					return err
+				}
+				filter = f
+			}
 			switch {
+			case filtered:
 			case stale && len(ids) > 0:
 				return cannotRun("give job IDs or --stale, not both")
 			case !stale && len(ids) == 0:
-				return cannotRun("give the IDs of the jobs to requeue, or --stale for the stale QUEUED jobs")
+				return cannotRun("give the IDs of the jobs to requeue, or --stale for the stale QUEUED jobs, or --failed-since TIME with --limit N for the FAILED jobs of a time range")
 			case !stale && cmd.Flags().Changed("stale-after"):
 				return cannotRun("--stale-after applies to --stale only")
 			case !stale && cmd.Flags().Changed("queues"):
-				return cannotRun("--queues applies to --stale only: a job given by ID is requeued in its own queue")
+				return cannotRun("--queues applies to --stale and --failed-since only: a job given by ID is requeued in its own queue")
 			}
 			cfg, err := a.loadConfig(cmd, config.RequeueKeys...)
 			if err != nil {
@@ -110,21 +136,59 @@ could not run.`,
 			} else if staleAfter <= 0 {
 				return cannotRun("--stale-after %s must be positive", staleAfter)
 			}
+			if filter != nil {
+				filter.Queues = cfg.Queues
+			}
 			return a.requeue(cmd.Context(), cfg, newLogger(cfg, a.stderr).With("component", "requeue"), requeueRun{
 				ids: ids, stale: stale, staleAfter: staleAfter, reason: reason, output: output, replaceWaiting: replaceWaiting,
+				filter: filter, dryRun: bulk.dryRun,
 			})
 		},
 	}
 	config.RegisterFlags(cmd.Flags(), config.RequeueKeys...)
 	// The shared text speaks of the daemon's passes; requeue looks once.
-	cmd.Flags().Lookup("queues").Usage = "with --stale: the queues whose stale QUEUED jobs are requeued, comma-separated; empty: every queue"
+	cmd.Flags().Lookup("queues").Usage = "with --stale or --failed-since: the queues whose jobs are requeued, comma-separated; empty: every queue"
 	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are run again, recorded in each job's requeued event (required)")
 	cmd.Flags().BoolVar(&stale, "stale", false, "requeue the stale QUEUED jobs: older than --stale-after, whose task asynq will never run")
 	cmd.Flags().DurationVar(&staleAfter, "stale-after", config.StaleQueuedAfterDefault, "with --stale: how long a job must have been QUEUED (default: the stale_queued_after setting)")
 	cmd.Flags().BoolVar(&replaceWaiting, "replace-waiting", false,
 		"requeue a FAILED job whose task waits in pending, scheduled or retry by deleting that task, instead of refusing it until asynq archives it")
+	cmd.Flags().StringVar(&failedSince, "failed-since", "", "requeue the FAILED jobs that failed since this RFC 3339 time or duration ago (2h)")
+	cmd.Flags().StringVar(&failedUntil, "failed-until", "", "with --failed-since: only jobs that failed before this RFC 3339 time or duration ago")
+	cmd.Flags().StringSliceVar(&failures, "where-failure", nil, "with --failed-since: only jobs of these failure reasons (stalled, lost_task, ...), comma-separated")
+	bulk.register(cmd, "requeue")
 	cmd.Flags().StringVar(&output, "output", outputText, "format of the lines on stdout: text or json (one object per line)")
 	return cmd
+}
+
+// requeueFilter checks the flags of requeue's filtered form and returns
+// its filter (without the queues, which come from the configuration).
+func requeueFilter(cmd *cobra.Command, since, until string, failures []string, bulk *bulkFlags, stale bool, ids []string) (*pgstore.JobFilter, error) {
+	switch {
+	case stale || len(ids) > 0:
+		return nil, cannotRun("give job IDs, --stale or --failed-since, only one of them")
+	case since == "":
+		return nil, cannotRun("--failed-since TIME is required to requeue by filter: there is no unscoped bulk requeue")
+	case cmd.Flags().Changed("stale-after"):
+		return nil, cannotRun("--stale-after applies to --stale only")
+	}
+	if err := bulk.check(cmd); err != nil {
+		return nil, err
+	}
+	if err := checkList("--where-failure", failures); err != nil {
+		return nil, err
+	}
+	f := &pgstore.JobFilter{Types: bulk.types, Failures: failures, Statuses: []string{pgstore.StatusFailed}, Limit: bulk.limit}
+	var err error
+	if f.FailedSince, err = parseTimeBound("--failed-since", since); err != nil {
+		return nil, err
+	}
+	if until != "" {
+		if f.FailedUntil, err = parseTimeBound("--failed-until", until); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
 
 // requeueRun is one invocation of requeue.
@@ -136,6 +200,10 @@ type requeueRun struct {
 	output     string
 	// replaceWaiting: asynqstate.WithReplaceWaiting.
 	replaceWaiting bool
+	// filter, when set, selects the jobs (--failed-since); dryRun
+	// prints what it selects and requeues none.
+	filter *pgstore.JobFilter
+	dryRun bool
 }
 
 // requeue connects, requeues the jobs and prints a line for each. It
@@ -177,13 +245,36 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 		}
 		return printRequeueLine(a, line, run.output)
 	}
-	if !run.stale {
+	switch {
+	case run.filter != nil:
+		sel, err := store.SelectJobs(ctx, *run.filter)
+		if err != nil {
+			return &exitError{code: exitPassErrors, err: fmt.Errorf("selecting the FAILED jobs to requeue failed, nothing changed: %w", err)}
+		}
+		if run.dryRun {
+			if err := printBulkDryRun(a, "requeue", sel, run.filter.Limit, run.output); err != nil {
+				return cannotRun("writing the output: %v", err)
+			}
+			return nil
+		}
+		if sel.Matched > len(sel.IDs) {
+			log.Warn("more FAILED jobs match than --limit takes; run the command again for the rest", "matched", sel.Matched, "limit", run.filter.Limit)
+		}
+		if sel.Matched == 0 {
+			log.Info("no FAILED job matches the filter")
+		}
+		for _, id := range sel.IDs {
+			if err := one(id); err != nil {
+				return cannotRun("writing the output: %v", err)
+			}
+		}
+	case !run.stale:
 		for _, id := range run.ids {
 			if err := one(id); err != nil {
 				return cannotRun("writing the output: %v", err)
 			}
 		}
-	} else {
+	default:
 		found, err := eachStaleQueued(ctx, store, asynqstate.NewStatusReader(rdb, cfg.OpTimeout), cfg.Queues, run.staleAfter, one)
 		if err != nil {
 			return &exitError{code: exitPassErrors, err: fmt.Errorf("looking for stale QUEUED jobs failed after %d job(s): %w", found, err)}

@@ -25,6 +25,10 @@ type WorkerOptions struct {
 	DatabaseURL, Schema, RedisURL string
 	// Queue is the asynq queue it serves, or several, comma-separated.
 	Queue string
+	// DefaultName: the guard claims with its default name,
+	// "<host>:<pid>" of the process, instead of Name (which then only
+	// names the process in failures).
+	DefaultName bool
 	// Args are more flags: --kind, --heartbeat-every, --run-for,
 	// --hang-after, --code, --heartbeat-interval, --concurrency,
 	// --retry-delay, --shutdown-timeout.
@@ -60,8 +64,12 @@ func StartWorker(t testing.TB, bin string, o WorkerOptions) *Worker {
 	var dbURL, redisURL string
 	w.PG, dbURL = RelayURL(t, o.DatabaseURL)
 	w.Redis, redisURL = RelayURL(t, o.RedisURL)
+	name := w.Name
+	if o.DefaultName {
+		name = ""
+	}
 	w.cmd = exec.Command(bin, append([]string{"--database-url", dbURL, "--schema", o.Schema, "--redis-url", redisURL,
-		"--queue", o.Queue, "--name", w.Name}, o.Args...)...)
+		"--queue", o.Queue, "--name", name}, o.Args...)...)
 	w.cmd.Stderr = w.Log
 	stdout, err := w.cmd.StdoutPipe()
 	if err != nil {

@@ -146,6 +146,10 @@ type Evidence struct {
 	// OutageEnd is the outage end the reap counted idle time from when it
 	// was later than updated_at (StallRule.OutageEnd); nil otherwise.
 	OutageEnd *time.Time `json:"outage_end,omitempty"`
+	// DeadEarly: the job was reaped by the dead-early rule of a type with
+	// reap_dead_early (its worker gone from asynq's registry and its task's
+	// lease expired), before its runtime passed max_runtime.
+	DeadEarly bool `json:"dead_early,omitempty"`
 }
 
 func (e Evidence) detail() ([]byte, error) {

@@ -53,6 +53,11 @@ type ReapBatchParams struct {
 	// Reason is ReasonStalled or ReasonLostTask.
 	Reason string
 	Rule   StallRule
+	// DeadEarly: the candidates are dead attempts of types that opted into
+	// reap_dead_early (Reason ReasonLostTask); the compare-and-set
+	// re-checks DeadEarlyPredicate instead of StallPredicate, and each
+	// event's evidence says dead_early.
+	DeadEarly bool
 }
 
 // ReapedJob is a job ReapBatch failed.
@@ -194,7 +199,11 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		// The idle bound, when there is a leader lease, rides in the same
 		// pipeline as the row locks and the UPDATE.
 		pre := append(s.leaderIdleBound(), pgcore.Before{SQL: s.core.Q(reapLockSQL), Args: []any{pgx.NamedArgs{"ids": ids}}})
-		rows, saved, err := pgcore.PinnedQuery(ctx, tx, s.core.Q(reapBatchSQL), args, pre...)
+		update := reapBatchSQL
+		if p.DeadEarly {
+			update = reapBatchDeadEarlySQL
+		}
+		rows, saved, err := pgcore.PinnedQuery(ctx, tx, s.core.Q(update), args, pre...)
 		if err != nil {
 			return err
 		}
@@ -205,6 +214,7 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 			return err
 		}
 		for i := range reaped {
+			reaped[i].Evidence.DeadEarly = p.DeadEarly
 			if end := p.Rule.OutageEnd; end.After(reaped[i].Evidence.UpdatedAt) {
 				reaped[i].Evidence.OutageEnd = &end
 			}

@@ -37,6 +37,7 @@ type settings struct {
 	Code           string
 	Wait           bool
 	RetryKind      string
+	IgnoreCancel   bool
 }
 
 // payload is a job's task payload; durations in Go syntax.
@@ -48,6 +49,7 @@ type payload struct {
 	Code           string `json:"code"`
 	Wait           bool   `json:"wait"`
 	RetryKind      string `json:"retry_kind"`
+	IgnoreCancel   bool   `json:"ignore_cancel"`
 }
 
 func kindOK(kind string) (string, error) {
@@ -103,7 +105,7 @@ func (w *worker) settingsOf(task *asynq.Task) (settings, error) {
 	if p.Code != "" {
 		s.Code = p.Code
 	}
-	s.Wait = p.Wait
+	s.Wait, s.IgnoreCancel = p.Wait, p.IgnoreCancel
 	return s, nil
 }
 
@@ -139,6 +141,9 @@ func (w *worker) work(ctx context.Context, lease jobs.Lease, s settings, c *cont
 		<-ctx.Done()
 		return ctx.Err()
 	case kindHeartbeat:
+		if s.IgnoreCancel {
+			ctx = context.WithoutCancel(ctx)
+		}
 		return w.heartbeat(ctx, lease, s, c)
 	case kindCompleted:
 		if err := w.complete(ctx, lease); err != nil {

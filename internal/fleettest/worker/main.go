@@ -25,8 +25,12 @@
 //
 // A payload of JSON {"kind": "...", "heartbeat_every": "200ms",
 // "run_for": "5s", "hang_after": "3s", "code": "upstream_down",
-// "wait": true, "retry_kind": "complete"} overrides the flags per job
-// (each field optional; durations in Go syntax). With "wait", the first
+// "wait": true, "retry_kind": "complete", "ignore_cancel": true}
+// overrides the flags per job (each field optional; durations in Go
+// syntax). With "ignore_cancel", a heartbeat handler goes on (and a hang
+// command hangs it) after its context ends: a handler that ignores
+// asynq's cancel, as one cut off from Redis is cancelled when its task's
+// lease expires. With "wait", the first
 // attempt's handler says it waits and does nothing more until a go
 // command names it: kinds fail, error and nil return then, complete
 // completes then, completed returns nil then (it completed before
@@ -100,7 +104,7 @@ func run() error {
 	flag.StringVar(&schema, "schema", "public", "jobreaper's schema")
 	flag.StringVar(&redisURL, "redis-url", "", "Redis URL (required)")
 	flag.StringVar(&queues, "queue", "", "the asynq queues to serve, comma-separated (required)")
-	flag.StringVar(&name, "name", "worker", "the worker name the guard claims with")
+	flag.StringVar(&name, "name", "worker", `the worker name the guard claims with ("": the guard's default, "<host>:<pid>")`)
 	flag.IntVar(&concurrency, "concurrency", 4, "handlers at once")
 	flag.DurationVar(&heartbeatInterval, "heartbeat-interval", time.Second,
 		"the Heartbeater's least time between two writes of one attempt (the daemon's --heartbeat-interval)")
