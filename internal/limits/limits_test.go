@@ -25,7 +25,10 @@ func TestSuggest(t *testing.T) {
 			// 1.25 x 40m = 50m (above 40m + 5m); 2 x 10m = 20m.
 			enough: true, maxRT: 50 * time.Minute, stall: 20 * time.Minute,
 			sql: `UPDATE "public"."job_types" SET max_runtime = interval '50 minutes', stall_timeout = interval '20 minutes' WHERE name = 'encode';`},
-		{name: "RoundsUpASecondOverAMinute", edit: func(in *Input) { in.RuntimeP99 = 48*time.Minute + 1*time.Second; in.GapP99 = 6*time.Minute + time.Second },
+		{name: "RoundsUpASecondOverAMinute", edit: func(in *Input) {
+			in.RuntimeP99 = 48*time.Minute + 1*time.Second
+			in.GapP99 = 6*time.Minute + time.Second
+		},
 			// 1.25 x 48m01s = 60m01.25s -> 61m; 2 x 6m01s = 12m02s -> 13m.
 			enough: true, maxRT: 61 * time.Minute, stall: 13 * time.Minute},
 		{name: "AtLeastP99PlusOneHeartbeat", edit: func(in *Input) { in.RuntimeP99 = 8 * time.Minute; in.GapP99 = 7 * time.Minute },
