@@ -2,7 +2,9 @@ package pgstore_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -54,5 +56,36 @@ func TestStatusStatements(t *testing.T) {
 
 	if _, err := s.WindowStats(ctx, pgstore.WindowStatsParams{}); !errors.Is(err, jobs.ErrInvalidArgument) {
 		t.Fatalf("WindowStats with no window = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestWindowStatsReadsEventsByKindAndTime checks, on EXPLAIN over a
+// history of 60,000 events of which a few hundred are finished attempts
+// and reaps of the last week, that suggest-limits reads job_events through
+// job_events_kind_at_idx, never the whole table.
+func TestWindowStatsReadsEventsByKindAndTime(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	s := db.Daemon()
+	sch := pgx.Identifier{db.Schema}.Sanitize()
+	db.Exec(t, `INSERT INTO `+sch+`.job_types (name, max_runtime) VALUES ('enc', '1 hour')`)
+	db.Exec(t, `INSERT INTO `+sch+`.jobs (id, type, status) SELECT 'J' || i, 'enc', 'COMPLETED' FROM generate_series(1, 300) i`)
+	db.Exec(t, `INSERT INTO `+sch+`.job_events (job_id, kind, at, detail)
+SELECT 'J' || (i % 300 + 1), CASE WHEN i % 100 = 0 THEN 'completed' ELSE 'claimed' END,
+       now() - (i || ' minutes')::interval, '{"runtime_seconds": 60, "max_idle_gap_seconds": 30}'
+  FROM generate_series(1, 60000) i`)
+	db.Exec(t, `ANALYZE `+sch+`.job_events`)
+	db.Exec(t, `ANALYZE `+sch+`.jobs`)
+	_, text := jobstest.Explain(t, db, s.Q(pgstore.WindowStatsSQL), pgx.NamedArgs{
+		"window": "7 days", "type": "", "default_stall": "15 minutes", "default_hard": "24 hours"})
+	if !strings.Contains(text, "job_events_kind_at_idx") || strings.Contains(text, "Seq Scan on job_events") {
+		t.Fatalf("suggest-limits does not read job_events by kind and time:\n%s", text)
+	}
+	st, err := s.WindowStats(t.Context(), pgstore.WindowStatsParams{Window: 7 * 24 * time.Hour, DefaultStallTimeout: 15 * time.Minute,
+		DefaultHardTimeout: 24 * time.Hour})
+	// 10,080 minutes in a week: the completed events at i = 100, 200,
+	// ..., 10,000.
+	if err != nil || len(st) != 1 || st[0].Attempts != 100 || *st[0].Runtime.P99 != 60 {
+		t.Fatalf("WindowStats = %+v, %v; want 100 attempts of 60 s", st, err)
 	}
 }
