@@ -61,13 +61,13 @@ var page = template.Must(template.New("page.html.tmpl").Funcs(template.FuncMap{
 	},
 }).ParseFS(files, "page.html.tmpl"))
 
-// secs writes seconds as a short duration: 16m30s, 1.5s.
+// secs writes seconds as a short duration: 16m30s, 962ms.
 func secs(s float64) string {
 	d := time.Duration(s * float64(time.Second))
-	if d >= time.Second {
-		d = d.Round(time.Second)
+	if d >= time.Second || d <= -time.Second {
+		return d.Round(time.Second).String()
 	}
-	return d.String()
+	return d.Round(time.Millisecond).String()
 }
 
 // Handler serves the page; timeout bounds each request's gathering (the
