@@ -266,6 +266,24 @@ func TestStatusPage(t *testing.T) {
 		browserCheck(t, f.leader)
 	})
 
+	t.Run("RedisCutShowsTheErrorBlock", func(t *testing.T) {
+		f.leader.Redis.Cut()
+		defer f.leader.Redis.Restore()
+		code, body, doc := page(t, f.leader, "/")
+		if code != 200 {
+			t.Fatalf("GET / with Redis cut = %d, want 200", code)
+		}
+		f.requireClean(t, "the page with Redis cut", body)
+		errs := byID(doc, "errors")
+		if errs == nil || !strings.Contains(text(errs), "Redis") {
+			t.Fatalf("no error block naming Redis:\n%s", body)
+		}
+		// What PostgreSQL holds is still shown.
+		if rowOf(t, byID(doc, "reaps"), f.r) == nil {
+			t.Fatalf("the reaps are not shown with Redis cut:\n%s", body)
+		}
+	})
+
 	t.Run("PostgreSQLCutShowsTheErrorBlock", func(t *testing.T) {
 		f.leader.PG.Cut()
 		defer f.leader.PG.Restore()
