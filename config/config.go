@@ -62,6 +62,14 @@ const (
 	MetricsAddrDefault = "127.0.0.1:9468"
 	// MetricsAddrOff, as metrics_addr, starts no HTTP server.
 	MetricsAddrOff = "off"
+	// StatusAddrDefault serves the status page on the loopback interface
+	// only, even where metrics_addr listens on every interface (the image
+	// and the sidecar set ":9468"): the page shows job IDs, types and
+	// workers, so it is exposed only where status_addr names an address
+	// that is. Port 9469 is the one after the metrics port.
+	StatusAddrDefault = "127.0.0.1:9469"
+	// StatusAddrOff, as status_addr, starts no status page.
+	StatusAddrOff = "off"
 	// LogLevelDefault logs passes that changed something, warnings and
 	// errors; a quiet pass logs at debug.
 	LogLevelDefault = "info"
@@ -151,6 +159,8 @@ type Config struct {
 	// MetricsAddr is the host:port of the /metrics and /healthz server, or
 	// MetricsAddrOff.
 	MetricsAddr string `yaml:"metrics_addr" koanf:"metrics_addr"`
+	// StatusAddr is the host:port of the status page, or StatusAddrOff.
+	StatusAddr string `yaml:"status_addr" koanf:"status_addr"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level" koanf:"log_level"`
 	// LogFormat is text or json.
@@ -226,6 +236,7 @@ func (c Config) WithDefaults() Config {
 	c.PageSize = cmp.Or(c.PageSize, PageSizeDefault)
 	c.Lister = cmp.Or(c.Lister, ListerDefault)
 	c.MetricsAddr = cmp.Or(c.MetricsAddr, MetricsAddrDefault)
+	c.StatusAddr = cmp.Or(c.StatusAddr, StatusAddrDefault)
 	c.LogLevel = cmp.Or(c.LogLevel, LogLevelDefault)
 	c.LogFormat = cmp.Or(c.LogFormat, LogFormatDefault)
 	c.StartJitter = cmp.Or(c.StartJitter, StartJitterDefault)

@@ -78,6 +78,7 @@ func TestWithDefaults(t *testing.T) {
 			PageSize:          1000,
 			Lister:            "ids",
 			MetricsAddr:       "127.0.0.1:9468",
+			StatusAddr:        "127.0.0.1:9469",
 			LogLevel:          "info",
 			LogFormat:         "text",
 			StartJitter:       time.Second,

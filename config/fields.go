@@ -47,6 +47,7 @@ var settings = []setting{
 	{key: "page_size", usage: "active tasks fetched per Redis page, at least 1000 (tasks)"},
 	{key: "lister", usage: `how active tasks are listed: "ids" reads asynq's active lists directly (task IDs only), "inspector" goes through asynq's Inspector`},
 	{key: "metrics_addr", usage: `host:port serving /metrics and /healthz; "off" starts no server`},
+	{key: "status_addr", usage: `host:port of the read-only status page (/ and /jobs/<id>); "off" starts no server. Keep it on loopback unless you mean to expose it: it shows job IDs, types and workers`},
 	{key: "log_level", usage: "log level: debug, info, warn or error (logs go to stderr)"},
 	{key: "log_format", usage: "log format: text or json"},
 	{key: "start_jitter", usage: "upper bound of a random delay before the first pass; 0s disables it (Go duration)"},

@@ -204,3 +204,8 @@ func keyIn(key string, keys []string) bool {
 	}
 	return false
 }
+
+// SuggestLimitsKeys are the settings `jobreaper suggest-limits` uses: like
+// migrate, it contacts only PostgreSQL; the stall rule's settings give the
+// default stall timeout of types without one and the rule's minimum.
+var SuggestLimitsKeys = append(append([]string{}, MigrateKeys...), "interval", "heartbeat_interval", "stall_timeout")

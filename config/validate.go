@@ -117,6 +117,7 @@ func (c Config) Validate() error {
 		})
 	}
 	v.metricsAddr(c.MetricsAddr)
+	v.statusAddr(c.StatusAddr)
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		v.addf("log_level", "log_level %q is not a level: use debug, info, warn or error", c.LogLevel)
 	}
@@ -296,6 +297,19 @@ func (v *validator) metricsAddr(addr string) {
 	}
 	if err != nil {
 		v.addf("metrics_addr", "metrics_addr %q is not host:port (such as 127.0.0.1:9468 or :9468) nor %q", addr, MetricsAddrOff)
+	}
+}
+
+func (v *validator) statusAddr(addr string) {
+	if addr == StatusAddrOff {
+		return
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = strconv.ParseUint(port, 10, 16)
+	}
+	if err != nil {
+		v.addf("status_addr", "status_addr %q is not host:port (such as 127.0.0.1:9469) nor %q", addr, StatusAddrOff)
 	}
 }
 

@@ -82,6 +82,10 @@ func TestValidate(t *testing.T) {
 			[]string{"page_size 999 is below the minimum 1000"}},
 		{"RefusesUnknownLister", func(c *Config) { c.Lister = "raw" }, "lister",
 			[]string{`lister "raw" is not a lister: use ids or inspector`}},
+		{"RefusesStatusAddrWithoutPort", func(c *Config) { c.StatusAddr = "localhost" }, "status_addr",
+			[]string{`status_addr "localhost" is not host:port`}},
+		{"RefusesStatusAddrWithBadPort", func(c *Config) { c.StatusAddr = "127.0.0.1:70000" }, "status_addr",
+			[]string{`status_addr "127.0.0.1:70000" is not host:port`}},
 		{"RefusesMetricsAddrWithoutPort", func(c *Config) { c.MetricsAddr = "localhost" }, "metrics_addr",
 			[]string{`metrics_addr "localhost" is not host:port`}},
 		{"RefusesMetricsAddrWithBadPort", func(c *Config) { c.MetricsAddr = ":70000" }, "metrics_addr",
@@ -112,7 +116,7 @@ func TestValidate(t *testing.T) {
 	t.Run("AcceptsMetricsOffAndZeroStartJitter", func(t *testing.T) {
 		t.Parallel()
 		c := valid()
-		c.MetricsAddr, c.StartJitter = MetricsAddrOff, 0
+		c.MetricsAddr, c.StatusAddr, c.StartJitter = MetricsAddrOff, StatusAddrOff, 0
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}

@@ -32,19 +32,10 @@ type Decision struct {
 // nothing here. reapReason is the reason a reap verdict is acted on with.
 func (r *Reaper) decided(res *Result, id string, snap *jobs.Snapshot, v Verdict, reapReason string) {
 	if !r.opts.DryRun {
+		r.note(res, id, snap, v, reapReason)
 		return
 	}
-	d := Decision{
-		JobID: id, Decision: DecisionSkip, Reason: string(v.Skip),
-		RuntimeSeconds: v.Runtime.Seconds(), IdleSeconds: v.Idle.Seconds(),
-		MaxRuntimeSeconds: v.MaxRuntime.Seconds(), StallTimeoutSeconds: v.StallTimeout.Seconds(),
-	}
-	if v.Reap {
-		d.Decision, d.Reason = DecisionReap, reapReason
-	}
-	if snap != nil {
-		d.Type, d.Queue, d.Generation, d.Worker = snap.Type, snap.Queue, snap.Generation, snap.Worker
-	}
+	d := decision(id, snap, v, reapReason)
 	// A job judged twice in one pass (the lost-task check before a cycle's
 	// reap looks its task up again) keeps its last decision.
 	if i, ok := res.decided[id]; ok {
@@ -56,6 +47,22 @@ func (r *Reaper) decided(res *Result, id string, snap *jobs.Snapshot, v Verdict,
 	}
 	res.decided[id] = len(res.Decisions)
 	res.Decisions = append(res.Decisions, d)
+}
+
+// decision is the Decision of verdict v on job id.
+func decision(id string, snap *jobs.Snapshot, v Verdict, reapReason string) Decision {
+	d := Decision{
+		JobID: id, Decision: DecisionSkip, Reason: string(v.Skip),
+		RuntimeSeconds: v.Runtime.Seconds(), IdleSeconds: v.Idle.Seconds(),
+		MaxRuntimeSeconds: v.MaxRuntime.Seconds(), StallTimeoutSeconds: v.StallTimeout.Seconds(),
+	}
+	if v.Reap {
+		d.Decision, d.Reason = DecisionReap, reapReason
+	}
+	if snap != nil {
+		d.Type, d.Queue, d.Generation, d.Worker = snap.Type, snap.Queue, snap.Generation, snap.Worker
+	}
+	return d
 }
 
 // skipped returns v as a skip for reason, keeping its measurements: a

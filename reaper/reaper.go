@@ -98,6 +98,9 @@ type Options struct {
 	// Eviction, when set, is asked for Redis's maxmemory-policy at the
 	// first pass and every EvictionCheckInterval after (checkEviction).
 	Eviction EvictionChecker
+	// PassRecord, when set, records each pass that ran to its end for the
+	// status page (reaper_passes); a dry run records nothing.
+	PassRecord *PassRecord
 	// LeaderLease, when set, makes the daemon loop (Start) run passes only
 	// while this replica holds it; the Store's reap transactions must then
 	// check it too (pgstore.WithLeaderLease). RunOnce neither takes, waits
@@ -249,6 +252,9 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	outcome := passOutcome(ctx, res, err)
 	res.Interrupted = outcome == outcomeCancelled
 	r.opts.Metrics.pass(res, end.Sub(start).Seconds(), outcome, float64(end.Unix()))
+	if r.opts.PassRecord != nil && !r.opts.DryRun && err == nil && outcome != outcomeCancelled && outcome != outcomePanicked {
+		r.recordPass(ctx, res)
+	}
 	attrs := []any{"scanned", res.Scanned, "reaped", res.Reaped, "skipped", res.Skipped, "scanned_by", res.ScannedBy,
 		"errors", res.Errors, "duration_ms", end.Sub(start).Milliseconds()}
 	if outcome != outcomeCancelled && err == nil {

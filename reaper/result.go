@@ -108,6 +108,9 @@ type Result struct {
 	rule pgstore.StallRule
 	// decided indexes Decisions by job ID.
 	decided map[string]int
+	// notes are the jobs at risk and the candidates of the pass, for its
+	// pass record (Options.PassRecord).
+	notes passNotes
 }
 
 // reapSeries labels one series of jobreaper_jobs_reaped_total.

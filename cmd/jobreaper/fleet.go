@@ -89,6 +89,15 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l lead
 		}
 		opts.LeaderLease = reaper.NewLeaderLease(store, cfg.Queues, l.holder, cfg.Interval, settings, log, m.metrics)
 	}
+	if m.daemon && !m.dryRun {
+		// The status page of every replica reads the leader's record; a
+		// daemon without a leader lease records its own passes there too.
+		holder := l.holder
+		if !l.on {
+			holder = pgstore.NewLeaderLeaseHolder(time.Now())
+		}
+		opts.PassRecord = &reaper.PassRecord{Store: store, Key: pgstore.LeaderLeaseKey(cfg.Queues), HolderID: holder.ID, HolderHost: holder.Host}
+	}
 	if m.cancelOnReap && !m.dryRun {
 		opts.Canceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
 	}

@@ -27,6 +27,12 @@ func TestMain(m *testing.M) {
 	if err := os.Setenv("JOBREAPER_OUTAGE_GRACE", "false"); err != nil {
 		panic(err)
 	}
+	// Daemons run side by side: each one's status page listens on a free
+	// port rather than on the default 127.0.0.1:9469. A test of the page
+	// names its address with the flag.
+	if err := os.Setenv("JOBREAPER_STATUS_ADDR", "127.0.0.1:0"); err != nil {
+		panic(err)
+	}
 	// Every pool, client and server a command opens is closed before
 	// execute returns, and tests close theirs at cleanup.
 	goleak.VerifyTestMain(m)

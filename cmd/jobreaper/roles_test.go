@@ -354,6 +354,36 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		}
 	})
 
+	t.Run("ReaperRoleSuggestsLimitsAndRecordsItsPass", func(t *testing.T) {
+		r := run(t, "suggest-limits", "--output", "json", "--database-url", roleURL(t, db, reaperRole), "--schema", db.Schema)
+		requireExit(t, r, exitOK)
+		if !strings.Contains(r.stdout, `"type":"report.export"`) {
+			t.Fatalf("suggest-limits as the reaper role: %s, want the type report.export", r.stdout)
+		}
+		pool, err := jobs.Connect(ctx, roleURL(t, db, reaperRole), db.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		store := pgstore.New(pool, pgstore.WithSchema(db.Schema))
+		rec := pgstore.PassRecord{Key: "[\"roles\"]", HolderID: "h1", HolderHost: "host", Summary: []byte(`{"reaped":1}`)}
+		for range 2 { // the second one replaces the first
+			if err := store.RecordPass(ctx, rec); err != nil {
+				t.Fatalf("recording a pass as the reaper role: %v", err)
+			}
+		}
+		recs, err := store.PassRecords(ctx)
+		if err != nil || len(recs) != 1 || recs[0].HolderID != "h1" {
+			t.Fatalf("pass records read as the reaper role: %+v, %v", recs, err)
+		}
+		if _, err := store.RecentReaps(ctx, 100); err != nil {
+			t.Fatalf("reading the reaps as the reaper role: %v", err)
+		}
+		if _, err := store.LeaderLeaseDetails(ctx); err != nil {
+			t.Fatalf("reading the leader leases as the reaper role: %v", err)
+		}
+	})
+
 	t.Run("NeitherRoleWritesWhatItDoesNotOwn", func(t *testing.T) {
 		reaper, err := pgx.Connect(ctx, roleURL(t, db, reaperRole))
 		if err != nil {
@@ -373,6 +403,8 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			// Ending a hold early is an operator's act.
 			`UPDATE ` + s + `.reaper_holds SET released_at = now()`,
 			`DELETE FROM ` + s + `.reaper_holds`,
+			`DELETE FROM ` + s + `.reaper_passes`,
+			`DELETE FROM ` + s + `.job_events`,
 		} {
 			if strings.Contains(sql, "WHERE false") {
 				if _, err := reaper.Exec(ctx, sql); err != nil {

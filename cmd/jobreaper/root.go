@@ -122,7 +122,7 @@ the whole table.`,
 		Args:          cobra.NoArgs,
 		Version:       version(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cannotRun("a command is required: migrate, run, inspect, requeue, cancel, prune, release-hold, demo or version; see jobreaper --help")
+			return cannotRun("a command is required: migrate, run, inspect, requeue, cancel, prune, release-hold, suggest-limits, demo or version; see jobreaper --help")
 		},
 	}
 	root.SetVersionTemplate("jobreaper {{.Version}}\n")
@@ -140,7 +140,7 @@ the whole table.`,
 	root.CompletionOptions.DisableDefaultCmd = true
 	// Each command defines only the flags it uses, so that its --help
 	// lists those and an unknown one is caught and explained.
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.inspectCmd(), a.requeueCmd(), a.cancelCmd(), a.pruneCmd(), a.releaseHoldCmd(), a.demoCmd(), a.versionCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.inspectCmd(), a.requeueCmd(), a.cancelCmd(), a.pruneCmd(), a.releaseHoldCmd(), a.suggestLimitsCmd(), a.demoCmd(), a.versionCmd())
 	return root
 }
 

@@ -158,6 +158,8 @@ func (a *app) printJSONError(err error) {
 type deps struct {
 	reaper *reaper.Reaper
 	lister reaper.Lister
+	// leader is the daemon's leader lease setup, for the status page.
+	leader leaderSetup
 	pool   *pgxpool.Pool
 	rdb    redis.UniversalClient
 	close  func()
@@ -233,7 +235,7 @@ func connect(ctx context.Context, cfg config.Config, log *slog.Logger, mode runM
 		closeAll()
 		return nil, cannotRun("%v", err)
 	}
-	return &deps{reaper: reaper.New(store, lister, markers, opts), lister: lister, pool: pool, rdb: rdb, close: closeAll}, nil
+	return &deps{reaper: reaper.New(store, lister, markers, opts), lister: lister, leader: leader, pool: pool, rdb: rdb, close: closeAll}, nil
 }
 
 // runOnce runs one pass and prints its summary on stdout. It never waits
@@ -515,13 +517,19 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	if err != nil {
 		return err
 	}
+	page, err := a.startStatusPage(ctx, cfg, d, mode, log)
+	if err != nil {
+		srv.stop(ctx, mainLog)
+		return err
+	}
 	if err := d.reaper.Start(ctx); err != nil {
+		page.stop(ctx, mainLog)
 		srv.stop(ctx, mainLog)
 		return cannotRun("starting the reaper: %v", err)
 	}
 	mainLog.Info("jobreaper started", "schema", cfg.Schema, "queues", queuesAttr(cfg.Queues),
 		"interval", cfg.Interval, "stall_timeout", cfg.StallTimeout, "min_stall_timeout", cfg.MinStallTimeout(),
-		"metrics_addr", cfg.MetricsAddr, "leader_lease", mode.leaderLease, "cancel_on_reap", mode.cancelOnReap)
+		"metrics_addr", cfg.MetricsAddr, "status_addr", cfg.StatusAddr, "leader_lease", mode.leaderLease, "cancel_on_reap", mode.cancelOnReap)
 
 	var failure error
 	select {
@@ -529,6 +537,8 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 		mainLog.Info("stopping on signal")
 	case err := <-srv.failed:
 		failure = cannotRun("the metrics server on %s stopped: %v; the daemon stops with it so that it is restarted", cfg.MetricsAddr, err)
+	case err := <-page.failed:
+		failure = cannotRun("the status page server on %s stopped: %v; the daemon stops with it so that it is restarted", cfg.StatusAddr, err)
 	case err := <-d.reaper.Fatal():
 		failure = giveUp(ctx, err, ready, srv, mainLog)
 	}
@@ -541,7 +551,9 @@ func (a *app) runDaemon(ctx context.Context, cfg config.Config, log *slog.Logger
 	//    task through the start guard meanwhile).
 	d.reaper.Stop()
 	// 2. The metrics server, after the last pass recorded its metrics, so
-	//    that a scrape during shutdown still answers.
+	//    that a scrape during shutdown still answers; the status page with
+	//    it.
+	page.stop(ctx, mainLog)
 	srv.stop(ctx, mainLog)
 	// 3. The Redis client and the PostgreSQL pool (deferred d.close), which
 	//    nothing uses any more.

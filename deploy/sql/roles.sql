@@ -79,6 +79,12 @@ GRANT SELECT, INSERT (queues, types, held, judged, tripped, started_at, until),
       UPDATE (drained, drained_at)
    ON :"schema".reaper_holds TO :"reaper_role";
 GRANT USAGE ON SEQUENCE :"schema".reaper_holds_id_seq TO :"reaper_role";
+-- The status page and suggest-limits read the events of a window
+-- (completed, failed, reaped, late_result_rejected) and the leader lease
+-- rows; the leader records each pass (INSERT ... ON CONFLICT DO UPDATE of
+-- its queue set's row) and every replica's status page reads them.
+GRANT SELECT ON :"schema".job_events TO :"reaper_role";
+GRANT SELECT, INSERT, UPDATE ON :"schema".reaper_passes TO :"reaper_role";
 
 -- Worker -----------------------------------------------------------------
 -- Reading the row (the guard, Enqueue, the outcome mapping, late-result
@@ -113,6 +119,7 @@ SELECT format('CREATE ROLE %I LOGIN', :'operator_role')
 \gexec
 GRANT USAGE ON SCHEMA :"schema" TO :"operator_role";
 GRANT SELECT ON :"schema".jobreaper_schema_version, :"schema".job_types TO :"operator_role";
+-- suggest-limits reads the events of a window.
 -- inspect, requeue and cancel read the job, its events and batch records;
 -- prune reads the finished jobs whose history it deletes.
 GRANT SELECT ON :"schema".jobs, :"schema".job_events, :"schema".job_batches TO :"operator_role";

@@ -22,7 +22,8 @@ type DaemonOptions struct {
 	// --redis-url through relays of the daemon's own (Daemon.PG,
 	// Daemon.Redis).
 	DatabaseURL, RedisURL string
-	// Args follow `run --metrics-addr 127.0.0.1:0 --start-jitter 0s` and
+	// Args follow `run --metrics-addr 127.0.0.1:0 --status-addr
+	// 127.0.0.1:0 --start-jitter 0s` and
 	// the URLs; a later flag overrides an earlier one.
 	Args []string
 	// Failpoints is JOBREAPER_FAILPOINTS for this process only (see
@@ -47,6 +48,9 @@ type Daemon struct {
 	Log *Log
 	// Addr is its metrics server's address.
 	Addr string
+	// StatusAddr is its status page's address, once it listens (see
+	// StatusPageAddr).
+	StatusAddr string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -55,6 +59,9 @@ type Daemon struct {
 // metricsAddrRE finds the metrics server's address in the daemon's log,
 // text or JSON.
 var metricsAddrRE = regexp.MustCompile(`serving /metrics and /healthz.*?"?addr"?[=:]"?([0-9.]+:[0-9]+)`)
+
+// statusAddrRE finds the status page's address in the daemon's log.
+var statusAddrRE = regexp.MustCompile(`serving the status page.*?"?addr"?[=:]"?([0-9.]+:[0-9]+)`)
 
 // StartDaemon starts bin as `jobreaper run` with a metrics server on a
 // free port and no start jitter, and waits until the server listens. The
@@ -66,7 +73,8 @@ func StartDaemon(t testing.TB, bin string, o DaemonOptions) *Daemon {
 	if d.Name == "" {
 		d.Name = "daemon"
 	}
-	args := []string{"run", "--metrics-addr", "127.0.0.1:0", "--start-jitter", "0s"}
+	// The status page on a free port too: several daemons run at once.
+	args := []string{"run", "--metrics-addr", "127.0.0.1:0", "--status-addr", "127.0.0.1:0", "--start-jitter", "0s"}
 	if o.DatabaseURL != "" {
 		var url string
 		d.PG, url = RelayURL(t, o.DatabaseURL)
@@ -236,4 +244,21 @@ func Run(t testing.TB, bin, failpoints string, env []string, args ...string) Res
 		t.Fatalf("running %s: %v", bin, err)
 	}
 	return Result{Code: cmd.ProcessState.ExitCode(), Stdout: stdout.String(), Stderr: stderr.String()}
+}
+
+// StatusPageAddr waits until d's status page listens and returns its
+// address (the daemon starts it right after its metrics server).
+func (d *Daemon) StatusPageAddr(t testing.TB) string {
+	t.Helper()
+	WaitFor(t, d.Name+"'s status page listens", func() bool {
+		if m := statusAddrRE.FindStringSubmatch(d.Log.String()); m != nil {
+			d.StatusAddr = m[1]
+			return true
+		}
+		if d.Exited() {
+			t.Fatalf("%s exited with %d before its status page listened:\n%s", d.Name, d.ExitCode(), d.Log.tailForFailure())
+		}
+		return false
+	})
+	return d.StatusAddr
 }

@@ -59,7 +59,7 @@ func TestCoreQConcurrentFirstCalls(t *testing.T) {
 
 // unqualified matches a statement naming one of jobreaper's tables
 // without {schema}.
-var unqualified = regexp.MustCompile(`\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+(jobs|job_types|job_events|job_batches|job_past_lives|jobreaper_schema_version|leader_leases|reaper_holds)\b`)
+var unqualified = regexp.MustCompile(`\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+(jobs|job_types|job_events|job_batches|job_past_lives|jobreaper_schema_version|leader_leases|reaper_holds|reaper_passes)\b`)
 
 // statementDirs are the packages that send statements on jobreaper's
 // tables: this one, the worker's (jobs) and the daemon's (pgstore).

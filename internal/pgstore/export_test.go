@@ -48,3 +48,7 @@ func (w *ConnWatch) Pending() bool {
 	_, _, ok := w.pending()
 	return ok
 }
+
+// WindowStatsSQL is suggest-limits' statement, whose plan
+// TestWindowStatsReadsEventsByKindAndTime checks.
+const WindowStatsSQL = windowStatsSQL
