@@ -140,6 +140,11 @@ type Evidence struct {
 	// OutageEnd is the outage end the reap counted idle time from when it
 	// was later than updated_at (StallRule.OutageEnd); nil otherwise.
 	OutageEnd *time.Time `json:"outage_end,omitempty"`
+	// HolderID is the leader lease holder ID of the daemon whose reap
+	// transaction checked the leader lease before COMMIT (WithLeaderLease):
+	// the lease history names which replica reaped. Empty without a
+	// leader lease (run --once, a dry run, a library caller).
+	HolderID string `json:"holder_id,omitempty"`
 }
 
 func (e Evidence) detail() ([]byte, error) {
