@@ -60,11 +60,11 @@ type blipFleet struct {
 }
 
 // newBlipFleet builds the binaries, starts a redis-server of the test's
-// own and creates the job types on db (a jobstest schema, or one of the
-// test's own cluster).
-func newBlipFleet(t *testing.T, db *jobstest.DB) *blipFleet {
+// own (redisArgs appended to its command line) and creates the job types
+// on db (a jobstest schema, or one of the test's own cluster).
+func newBlipFleet(t *testing.T, db *jobstest.DB, redisArgs ...string) *blipFleet {
 	t.Helper()
-	f := &blipFleet{t: t, db: db, redis: redistest.Start(t), bin: fleettest.BuildJobreaper(t), workerBin: fleettest.BuildWorker(t)}
+	f := &blipFleet{t: t, db: db, redis: redistest.Start(t, redisArgs...), bin: fleettest.BuildJobreaper(t), workerBin: fleettest.BuildWorker(t)}
 	f.client = asynq.NewClientFromRedisClient(f.redis.Client(t))
 	t.Cleanup(func() { _ = f.client.Close() })
 	db.JobType(t, blipLive, "1 second", "", "")
@@ -104,6 +104,7 @@ func (f *blipFleet) worker(name, queues string, concurrency int, extra ...string
 type blipJob struct {
 	Kind      string `json:"kind,omitempty"`
 	HangAfter string `json:"hang_after,omitempty"`
+	RunFor    string `json:"run_for,omitempty"`
 	Code      string `json:"code,omitempty"`
 	Wait      bool   `json:"wait,omitempty"`
 	RetryKind string `json:"retry_kind,omitempty"`
