@@ -71,7 +71,9 @@ type Outage struct {
 	Processes  []string
 }
 
-func (o Outage) hits(process string) bool { return o.Processes == nil || slices.Contains(o.Processes, process) }
+func (o Outage) hits(process string) bool {
+	return o.Processes == nil || slices.Contains(o.Processes, process)
+}
 
 // History is everything the checker judges: what the database recorded
 // (Transitions, Reaps, Leases, Charges), what Redis held at the end
@@ -149,7 +151,9 @@ type attemptKey struct {
 // It is pure: the same History gives the same Verdict.
 func Check(h History) Verdict {
 	res := Verdict{ReapDelays: map[string][]time.Duration{}}
-	bad := func(format string, args ...any) { res.Violations = append(res.Violations, fmt.Sprintf(format, args...)) }
+	bad := func(format string, args ...any) {
+		res.Violations = append(res.Violations, fmt.Sprintf(format, args...))
+	}
 
 	byJob := map[string][]Transition{}
 	for _, tr := range h.Transitions {
