@@ -79,11 +79,18 @@ func newBlipFleet(t *testing.T, db *jobstest.DB, redisArgs ...string) *blipFleet
 // extra sets them, and relays of its own.
 func (f *blipFleet) daemon(name, queues string, extra ...string) *fleettest.Daemon {
 	f.t.Helper()
+	return f.daemonWith("", name, queues, extra...)
+}
+
+// daemonWith is daemon with JOBREAPER_FAILPOINTS set to failpoints for
+// this process only.
+func (f *blipFleet) daemonWith(failpoints, name, queues string, extra ...string) *fleettest.Daemon {
+	f.t.Helper()
 	args := append([]string{"--schema", f.db.Schema, "--queues", queues, "--interval", blipInterval.String(),
 		"--stall-timeout", blipStall.String(), "--heartbeat-interval", blipHeartbeat.String(), "--op-timeout", "2s",
 		"--outage-grace=true", "--log-level", "info"}, extra...)
 	return fleettest.StartDaemon(f.t, f.bin, fleettest.DaemonOptions{Name: name, DatabaseURL: f.db.URL, RedisURL: f.redis.URL,
-		Args: args, LogTail: 256 << 10})
+		Args: args, LogTail: 256 << 10, Failpoints: failpoints})
 }
 
 // worker starts a worker process serving queues (comma-separated) with

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -90,6 +91,10 @@ var fleetKinds = []struct {
 type fleetWorld struct {
 	*blipFleet
 	cluster *jobstest.Cluster // nil on the shared server: no pg_restart
+	// daemonArgs and workerArgs are added to every daemon's and worker's
+	// flags; failpoints is the next daemon's JOBREAPER_FAILPOINTS.
+	daemonArgs, workerArgs []string
+	failpoints             string
 
 	daemons         []*fleettest.Daemon
 	liveWorkers     []*fleettest.Worker
@@ -109,7 +114,8 @@ type fleetWorld struct {
 func (w *fleetWorld) startDaemon() *fleettest.Daemon {
 	w.t.Helper()
 	w.nDaemons++
-	d := w.daemon(fmt.Sprintf("daemon %d", w.nDaemons), fleetQueue, "--stall-storm-hold", fleetStormHold.String())
+	d := w.daemonWith(w.failpoints, fmt.Sprintf("daemon %d", w.nDaemons), fleetQueue,
+		append([]string{"--stall-storm-hold", fleetStormHold.String()}, w.daemonArgs...)...)
 	w.daemons = append(w.daemons, d)
 	return d
 }
@@ -117,9 +123,26 @@ func (w *fleetWorld) startDaemon() *fleettest.Daemon {
 func (w *fleetWorld) startWorker() *fleettest.Worker {
 	w.t.Helper()
 	w.nWork++
-	wk := w.worker(fmt.Sprintf("w%d", w.nWork), fleetQueue, 10, "--charges", "fleet_charges", "--retry-delay", "500ms")
+	wk := w.worker(fmt.Sprintf("w%d", w.nWork), fleetQueue, 20,
+		append([]string{"--charges", "fleet_charges", "--retry-delay", "500ms"}, w.workerArgs...)...)
 	w.liveWorkers = append(w.liveWorkers, wk)
 	return wk
+}
+
+// newFleetWorld installs the history on db (jobstest's, or a schema of
+// cluster, the test's own), starts a redis-server with its append-only
+// file, and creates the job types; no process runs yet.
+func newFleetWorld(t *testing.T, db *jobstest.DB, cluster *jobstest.Cluster) *fleetWorld {
+	t.Helper()
+	fleettest.InstallHistory(t, db.Pool, db.Schema)
+	w := &fleetWorld{blipFleet: newBlipFleet(t, db, "--appendonly", "yes"), cluster: cluster,
+		kinds: map[string]string{}, killed: map[string]time.Time{}, faults: map[string]int{}, enqueued: map[string]int{},
+		rss: map[int][]int64{}}
+	db.JobType(t, fleetReapRetryType, "1 second", "", "")
+	if fleetReapRetries > 0 {
+		db.Exec(t, `UPDATE `+db.Table("job_types")+` SET reap_retries = $1 WHERE name = $2`, fleetReapRetries, fleetReapRetryType)
+	}
+	return w
 }
 
 // liveDaemons are the daemons not killed.
@@ -386,14 +409,7 @@ func TestReliabilityFleet(t *testing.T) {
 		t.Logf("fault %s skipped: the suite has no Sentinel topology yet", fleettest.FaultFailover)
 		kinds = slices.DeleteFunc(kinds, func(k string) bool { return k == fleettest.FaultFailover })
 	}
-	fleettest.InstallHistory(t, db.Pool, db.Schema)
-	w := &fleetWorld{blipFleet: newBlipFleet(t, db, "--appendonly", "yes"), cluster: cluster,
-		kinds: map[string]string{}, killed: map[string]time.Time{}, faults: map[string]int{}, enqueued: map[string]int{},
-		rss: map[int][]int64{}}
-	db.JobType(t, fleetReapRetryType, "1 second", "", "")
-	if fleetReapRetries > 0 {
-		db.Exec(t, `UPDATE `+db.Table("job_types")+` SET reap_retries = $1 WHERE name = $2`, fleetReapRetries, fleetReapRetryType)
-	}
+	w := newFleetWorld(t, db, cluster)
 	for range 3 {
 		w.startDaemon()
 	}
@@ -442,18 +458,7 @@ func TestReliabilityFleet(t *testing.T) {
 	}
 	end := time.Now()
 
-	h := fleettest.History{Kinds: w.kinds, Killed: w.killed, Outages: w.outages, Markers: map[string]bool{}, End: end.Add(-drainBound),
-		StallBound: blipStall + 2*blipInterval + (2*ttl + blipInterval + blipHeartbeat) + fleetStormHold}
-	fleettest.ReadHistory(t, db.Pool, db.Schema, &h)
-	rdb := w.redis.Client(t)
-	for _, r := range h.Reaps {
-		n, err := rdb.Exists(context.Background(), queue.MarkerKey(r.JobID)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.Markers[r.JobID] = n == 1
-	}
-	v := fleettest.Check(h)
+	v := w.judge(end.Add(-drainBound), blipStall+2*blipInterval+(2*ttl+blipInterval+blipHeartbeat)+fleetStormHold)
 
 	// Figures.
 	fig := func(name string, value any) { jobstest.Figure(t, fleetSuite, name, value) }
@@ -490,6 +495,28 @@ func TestReliabilityFleet(t *testing.T) {
 	if v.Reaps == 0 {
 		t.Fatalf("seed %d: no reap was judged: the run proves nothing", seed)
 	}
+}
+
+// judge reads the recorded history and the markers of every reaped job,
+// and checks them (fleettest.Check) with the stalling bound stallBound,
+// judging the delays of stalling attempts whose bound ends by end.
+func (w *fleetWorld) judge(end time.Time, stallBound time.Duration) fleettest.Verdict {
+	t := w.t
+	t.Helper()
+	w.mu.Lock()
+	h := fleettest.History{Kinds: maps.Clone(w.kinds), Killed: maps.Clone(w.killed), Outages: slices.Clone(w.outages),
+		Markers: map[string]bool{}, End: end, StallBound: stallBound}
+	w.mu.Unlock()
+	fleettest.ReadHistory(t, w.db.Pool, w.db.Schema, &h)
+	rdb := w.redis.Client(t)
+	for _, r := range h.Reaps {
+		n, err := rdb.Exists(context.Background(), queue.MarkerKey(r.JobID)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Markers[r.JobID] = n == 1
+	}
+	return fleettest.Check(h)
 }
 
 // rssFlat records the daemons' RSS over the run's first and last quarter
