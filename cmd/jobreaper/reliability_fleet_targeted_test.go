@@ -241,6 +241,12 @@ func runFleetScenario(t *testing.T, s fleetScenario, tag string) []string {
 		w.daemonArgs = []string{"--heartbeat-interval", hbRetryInterval.String()}
 		w.workerArgs = []string{"--heartbeat-interval", hbRetryInterval.String()}
 	}
+	if s.tag == "brokenfence" {
+		// An operation timeout longer than the stop: the resumed
+		// leader's COMMIT must not fail for its own expired context,
+		// which would hide a missing fence.
+		w.daemonArgs = []string{"--op-timeout", "30s"}
+	}
 	if s.name != "lease fence" {
 		w.startDaemon()
 		w.startDaemon()

@@ -11,10 +11,13 @@ import (
 )
 
 // historySQL installs the test-only history on a schema: two tables and
-// two triggers that log, with the database time of the change
-// (clock_timestamp(), inside the writing transaction), every change of a
-// job's updated_at, generation or status, and every version of a leader
-// lease row. A test installs it on its own schema; no migration creates
+// two triggers that log every change of a job's updated_at, generation or
+// status, and every version of a leader lease row, with the database time
+// of the writing transaction's COMMIT: the triggers are deferred to it
+// (DEFERRABLE INITIALLY DEFERRED), so clock_timestamp() is read as the
+// transaction commits, not when its statement ran. A reap that stood
+// still between its UPDATE and its COMMIT is logged at the COMMIT, which
+// is when it took effect, and rows are numbered (seq) in commit order. A test installs it on its own schema; no migration creates
 // it, and no release build knows it.
 const historySQL = `
 CREATE TABLE {schema}.fleet_history (
@@ -48,8 +51,8 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER fleet_log_job AFTER INSERT OR UPDATE ON {schema}.jobs
-    FOR EACH ROW EXECUTE FUNCTION {schema}.fleet_log_job();
+CREATE CONSTRAINT TRIGGER fleet_log_job AFTER INSERT OR UPDATE ON {schema}.jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fleet_log_job();
 CREATE FUNCTION {schema}.fleet_log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -59,8 +62,8 @@ BEGIN
     INSERT INTO {schema}.fleet_lease_history (key, holder_id, expires_at) VALUES (NEW.key, NEW.holder_id, NEW.expires_at);
     RETURN NULL;
 END $$;
-CREATE TRIGGER fleet_log_lease AFTER INSERT OR UPDATE OR DELETE ON {schema}.leader_leases
-    FOR EACH ROW EXECUTE FUNCTION {schema}.fleet_log_lease();
+CREATE CONSTRAINT TRIGGER fleet_log_lease AFTER INSERT OR UPDATE OR DELETE ON {schema}.leader_leases
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fleet_log_lease();
 `
 
 // InstallHistory creates the history tables and triggers of historySQL
