@@ -14,7 +14,14 @@ import (
 
 // envFleetBroken runs TestReliabilityFleetBroken (bash .ci/reliability
 // sets it): it builds the deliberately broken copies, which takes minutes.
-const envFleetBroken = "JOBREAPER_FLEET_BROKEN"
+// envFleetTargeted runs TestReliabilityFleetTargeted (bash .ci/reliability
+// sets it too): four worlds of a minute each, some with sub-second
+// margins (the heartbeat retry's), kept out of the full go test ./...,
+// where other packages' tests load the same two cores.
+const (
+	envFleetBroken   = "JOBREAPER_FLEET_BROKEN"
+	envFleetTargeted = "JOBREAPER_FLEET_TARGETED"
+)
 
 // fleetScenario is one targeted scenario of the fleet suite: a world in
 // which one safety mechanism is the only protection against a false reap
@@ -268,9 +275,15 @@ func cmpOr(a, b string) string {
 
 // TestReliabilityFleetTargeted runs each targeted scenario
 // (fleetScenarios) on the real binaries: each must end with no violation,
-// its mechanism being the only protection there. Not parallel: its
-// margins are in seconds.
+// its mechanism being the only protection there. It runs with
+// JOBREAPER_FLEET_TARGETED=1 (bash .ci/reliability sets it); in a plain go
+// test ./... the blip cases (B47, B48) and the fence case (B45) test the
+// same mechanisms with one daemon or two. Not parallel: its margins are in
+// seconds.
 func TestReliabilityFleetTargeted(t *testing.T) {
+	if os.Getenv(envFleetTargeted) == "" {
+		t.Skipf("set %s=1 (make reliability does) to run the targeted fleet scenarios", envFleetTargeted)
+	}
 	for _, s := range fleetScenarios {
 		t.Run(strings.ReplaceAll(s.name, " ", "_"), func(t *testing.T) {
 			if violations := runFleetScenario(t, s, ""); len(violations) > 0 {
