@@ -5,9 +5,10 @@
 #   make services   only make sure PostgreSQL and Redis are up
 #   make lint       go vet, gofmt and golangci-lint (when installed)
 #   make bench      bash .ci/bench: the scale benchmarks on the local PostgreSQL and Redis, one table
-#   make reliability  bash .ci/reliability: the race, faults, soak and bad-input suites under -race, one
-#                   table of their figures (JOBREAPER_RACE_RUNS, JOBREAPER_FAULT_KILLS and
-#                   JOBREAPER_SOAK_DURATION scale them; ARGS="..." passes flags to go test)
+#   make reliability  bash .ci/reliability: the race, faults, soak, blip, fleet and bad-input suites under
+#                   -race, one table of their figures (JOBREAPER_RACE_RUNS, JOBREAPER_FAULT_KILLS,
+#                   JOBREAPER_SOAK_DURATION and JOBREAPER_FLEET_DURATION scale them; ARGS="..." passes
+#                   flags to go test)
 
 GO ?= go
 # Stamped into the binary by the linker, so that `jobreaper version` names

@@ -138,7 +138,7 @@ func keepsLargest(name string) bool {
 }
 
 // The suites of the report, in its order.
-var suiteOrder = []string{"race", "faults", "soak", "blip", "badinput"}
+var suiteOrder = []string{"race", "faults", "soak", "blip", "fleet", "badinput"}
 
 // number returns the figure as text ("not run" when its suite recorded
 // nothing, "-" when the suite ran without it).
@@ -186,6 +186,7 @@ func (r *report) print(w io.Writer) (failed bool) {
 		r.number("blip", "release_to_reap_max_ms", " ms"))
 	row("blip: PostgreSQL restart downtime / live jobs through it", r.number("blip", "restart_downtime_s", " s")+" / "+
 		r.number("blip", "restart_live_jobs", ""))
+	r.fleetRows(row)
 	row("bad input: inputs tried", r.number("badinput", "inputs", ""))
 
 	var violations, lost float64
@@ -224,6 +225,21 @@ func (r *report) print(w io.Writer) (failed bool) {
 	} else {
 		row("blip: live jobs reaped (must be 0)", r.number("blip", "live_reaped", ""))
 	}
+	fleetBad := 0.0
+	for _, name := range []struct{ figure, label string }{
+		{"false_reaps", "fleet: false reaps (must be 0)"}, {"double_effects", "fleet: double effects (must be 0)"},
+	} {
+		v, ran := 0.0, false
+		if t := r.suites["fleet"]; t != nil {
+			v, ran = t.numbers[name.figure]
+		}
+		if ran {
+			row(name.label, verdict(v, []string{"fleet " + format(v)}))
+			fleetBad += v
+		} else {
+			row(name.label, r.number("fleet", name.figure, ""))
+		}
+	}
 
 	var seeds []string
 	for _, s := range r.suiteNames() {
@@ -235,7 +251,48 @@ func (r *report) print(w io.Writer) (failed bool) {
 		seeds = []string{"none recorded"}
 	}
 	row("seeds", strings.Join(seeds, ", "))
-	return violations != 0 || lost != 0 || liveReaped != 0
+	return violations != 0 || lost != 0 || liveReaped != 0 || fleetBad != 0
+}
+
+// fleetKinds and fleetFaults are the fleet suite's job and fault kinds,
+// in the report's order, with their labels.
+var (
+	fleetKinds  = []string{"normal", "retried", "failing", "stalling", "late", "slow"}
+	fleetFaults = []struct{ name, label string }{
+		{"leader_sigkill", "leader killed"}, {"leader_sigstop", "leader stopped"}, {"leader_pg_cut", "leader cut"},
+		{"workers_pg_cut", "workers cut"}, {"pg_restart", "PostgreSQL restarted"}, {"redis_restart", "Redis restarted"},
+		{"worker_sigkill", "worker killed"}, {"sentinel_failover", "Sentinel failover"},
+	}
+	fleetBroken = []string{"brokenfence", "brokengrace", "brokenstorm", "brokenhbretry"}
+)
+
+// fleetRows writes the fleet suite's rows (its verdicts are with the
+// others').
+func (r *report) fleetRows(row func(figure, value string)) {
+	join := func(names []string, prefix, unit string) string {
+		parts := make([]string, len(names))
+		for i, n := range names {
+			parts[i] = r.number("fleet", prefix+n, unit)
+		}
+		return strings.Join(parts, " / ")
+	}
+	row("fleet: duration", r.number("fleet", "duration_s", " s"))
+	row("fleet: jobs "+strings.Join(fleetKinds, " / "), join(fleetKinds, "jobs_", ""))
+	var labels, names []string
+	for _, f := range fleetFaults {
+		labels, names = append(labels, f.label), append(names, f.name)
+	}
+	row("fleet: faults "+strings.Join(labels, " / "), join(names, "faults_", ""))
+	row("fleet: takeovers / time p50 / max", r.number("fleet", "takeovers", "")+" / "+r.number("fleet", "takeover_p50_ms", " ms")+
+		" / "+r.number("fleet", "takeover_max_ms", " ms"))
+	row("fleet: reaps of killed workers' attempts (counted apart)", r.number("fleet", "killed_reaps", ""))
+	for _, k := range []string{"stalling", "late"} {
+		row("fleet: reap delay p50 / p99, "+k, r.number("fleet", "reap_delay_p50_ms_"+k, " ms")+" / "+
+			r.number("fleet", "reap_delay_p99_ms_"+k, " ms"))
+	}
+	row("fleet: daemons' RSS first / last quarter", r.number("fleet", "rss_first_quarter_mib", " MiB")+" / "+
+		r.number("fleet", "rss_last_quarter_mib", " MiB"))
+	row("fleet: broken builds caught (violations) "+strings.Join(fleetBroken, " / "), join(fleetBroken, "broken_caught_", ""))
 }
 
 // suiteNames lists the suites that recorded figures: the known ones in

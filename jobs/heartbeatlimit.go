@@ -3,6 +3,8 @@ package jobs
 import (
 	"context"
 	"time"
+
+	"github.com/jobreaper/jobreaper/internal/broken"
 )
 
 // This file holds the Heartbeater's limiter: what it remembers of each
@@ -130,6 +132,8 @@ func (h *Heartbeater) answered(key attemptKey, err error, refused bool) {
 		e.failed, e.backoff, e.retryAt = false, 0, time.Time{}
 	case refused:
 		e.refusal = err
+	case broken.HeartbeatRetry:
+		e.at = now // the failure uses up the interval: no retry
 	default:
 		e.failed, e.backoff = true, h.nextBackoff(e.backoff)
 		e.retryAt = now.Add(e.backoff)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/broken"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 )
 
@@ -21,6 +22,9 @@ func (r *Reaper) readClock(ctx context.Context, res *Result) (time.Time, error) 
 	}
 	res.rule = r.opts.Rule
 	res.rule.OutageEnd = c.OutageEnd
+	if broken.Grace {
+		res.rule.OutageEnd = time.Time{}
+	}
 	if c.TimelineRefused {
 		r.log.Warn("PostgreSQL refuses pg_control_checkpoint() to this role, so a promotion after a failover is seen only " +
 			"through lost connections or a changed postmaster start; grant EXECUTE on it to keep the outage grace complete")

@@ -60,11 +60,11 @@ type blipFleet struct {
 }
 
 // newBlipFleet builds the binaries, starts a redis-server of the test's
-// own and creates the job types on db (a jobstest schema, or one of the
-// test's own cluster).
-func newBlipFleet(t *testing.T, db *jobstest.DB) *blipFleet {
+// own (redisArgs appended to its command line) and creates the job types
+// on db (a jobstest schema, or one of the test's own cluster).
+func newBlipFleet(t *testing.T, db *jobstest.DB, redisArgs ...string) *blipFleet {
 	t.Helper()
-	f := &blipFleet{t: t, db: db, redis: redistest.Start(t), bin: fleettest.BuildJobreaper(t), workerBin: fleettest.BuildWorker(t)}
+	f := &blipFleet{t: t, db: db, redis: redistest.Start(t, redisArgs...), bin: fleettest.BuildJobreaper(t), workerBin: fleettest.BuildWorker(t)}
 	f.client = asynq.NewClientFromRedisClient(f.redis.Client(t))
 	t.Cleanup(func() { _ = f.client.Close() })
 	db.JobType(t, blipLive, "1 second", "", "")
@@ -79,11 +79,18 @@ func newBlipFleet(t *testing.T, db *jobstest.DB) *blipFleet {
 // extra sets them, and relays of its own.
 func (f *blipFleet) daemon(name, queues string, extra ...string) *fleettest.Daemon {
 	f.t.Helper()
+	return f.daemonWith("", name, queues, extra...)
+}
+
+// daemonWith is daemon with JOBREAPER_FAILPOINTS set to failpoints for
+// this process only.
+func (f *blipFleet) daemonWith(failpoints, name, queues string, extra ...string) *fleettest.Daemon {
+	f.t.Helper()
 	args := append([]string{"--schema", f.db.Schema, "--queues", queues, "--interval", blipInterval.String(),
 		"--stall-timeout", blipStall.String(), "--heartbeat-interval", blipHeartbeat.String(), "--op-timeout", "2s",
 		"--outage-grace=true", "--log-level", "info"}, extra...)
 	return fleettest.StartDaemon(f.t, f.bin, fleettest.DaemonOptions{Name: name, DatabaseURL: f.db.URL, RedisURL: f.redis.URL,
-		Args: args, LogTail: 256 << 10})
+		Args: args, LogTail: 256 << 10, Failpoints: failpoints})
 }
 
 // worker starts a worker process serving queues (comma-separated) with
@@ -104,6 +111,7 @@ func (f *blipFleet) worker(name, queues string, concurrency int, extra ...string
 type blipJob struct {
 	Kind      string `json:"kind,omitempty"`
 	HangAfter string `json:"hang_after,omitempty"`
+	RunFor    string `json:"run_for,omitempty"`
 	Code      string `json:"code,omitempty"`
 	Wait      bool   `json:"wait,omitempty"`
 	RetryKind string `json:"retry_kind,omitempty"`

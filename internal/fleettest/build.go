@@ -21,6 +21,23 @@ func BuildJobreaper(t testing.TB) string {
 	return build(t, jobreaperPkg, "jobreaper", "failpoints")
 }
 
+// BuildJobreaperBroken builds the jobreaper command with the failpoints
+// tag and tag, one of package internal/broken's test-only tags
+// (brokenfence, brokengrace, brokenstorm, brokenhbretry): a daemon with one
+// safety mechanism off, for the tests that show a scenario fails without
+// it.
+func BuildJobreaperBroken(t testing.TB, tag string) string {
+	t.Helper()
+	return build(t, jobreaperPkg, "jobreaper-"+tag, "failpoints,"+tag)
+}
+
+// BuildWorkerBroken builds the worker program with tag (see
+// BuildJobreaperBroken): brokenhbretry turns its Heartbeater's retry off.
+func BuildWorkerBroken(t testing.TB, tag string) string {
+	t.Helper()
+	return build(t, workerPkg, "worker-"+tag, tag)
+}
+
 // BuildJobreaperRelease builds the jobreaper command as a release is built
 // (no build tag), for tests and benchmarks that need exactly what ships.
 func BuildJobreaperRelease(t testing.TB) string {

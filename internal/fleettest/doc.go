@@ -24,10 +24,23 @@
 //     which the test awaits, and takes commands on stdin (Tell: a
 //     heartbeating job hangs or finishes, a waiting handler goes on).
 //     Its job kinds (complete, hang, heartbeat, fail, error, nil,
-//     completed) cover a live job, a stalled one and each outcome a
+//     completed, late) cover a live job, a stalled one and each outcome a
 //     handler can return; its doc comment lists them.
 //   - Metric, Probe (probe.go): one scrape or probe of any metrics
 //     address, also for a daemon the test runs in-process.
+//   - InstallHistory, ReadHistory (history.go): a test-only trigger on
+//     the test's schema logging every change of a job's updated_at,
+//     generation and status, and every leader lease version, at the
+//     database time of its COMMIT; read back with the reaped events and
+//     the charges.
+//   - Check (check.go): the fleet suite's invariants over a recorded
+//     History, a pure function (no false reap, one leader at each reap,
+//     at most one terminal transition and charge, markers, stall bounds).
+//   - Schedule (schedule.go): a seeded fault schedule; the same seed
+//     replays it.
+//   - BuildJobreaperBroken, BuildWorkerBroken (build.go): copies built
+//     with one test-only tag of package internal/broken, a safety
+//     mechanism off.
 //
 // Every wait polls with a deadline (Deadline, 10x what a slow shared CI
 // machine needs); every process is killed at the test's cleanup, and its

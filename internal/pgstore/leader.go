@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/broken"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
 
@@ -253,7 +254,7 @@ SELECT set_config('idle_in_transaction_session_timeout',
 // idle time, for the pipeline of its first statements; nothing without a
 // leader lease.
 func (s *Store) leaderIdleBound() []pgcore.Before {
-	if s.leader == nil {
+	if s.leader == nil || broken.Fence {
 		return nil
 	}
 	bound := cmp.Or(s.leaderTTL, leaderIdleBoundDefault)
@@ -276,7 +277,7 @@ SELECT EXISTS (SELECT 1 FROM {schema}.leader_leases
 // sends nothing. It returns ErrLeaderLeaseLost when the leader lease is
 // not this daemon's or has expired.
 func (s *Store) checkLeaderLease(ctx context.Context, tx pgx.Tx) error {
-	if s.leader == nil {
+	if s.leader == nil || broken.Fence {
 		return nil
 	}
 	var held bool

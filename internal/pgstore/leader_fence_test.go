@@ -164,6 +164,40 @@ func TestLeaderLeaseTakeoverWaitsForAnOpenReapTransaction(t *testing.T) {
 	requireRow(t, db, "F1", jobs.StatusFailed, 1, 0)
 }
 
+// The reaped event names the leader lease holder whose check let the reap
+// commit (holder_id), and a Store without a leader lease writes none.
+func TestReapedEventNamesTheLeaderLeaseHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := setup(t, nil)
+	key := pgstore.LeaderLeaseKey(nil)
+	r1 := pgstore.NewLeaderLeaseHolder(time.Now())
+	leader := stores(db, nil, pgstore.WithLeaderLease(key, r1.ID), pgstore.WithLeaderLeaseTTL(time.Minute))
+	take(t, leader, key, r1, time.Minute)
+	insertStalled(t, db, "H1")
+	insertStalled(t, db, "H2")
+	out := <-reapInBackground(t, leader, "H1")
+	requireNoErr(t, out.err)
+	if len(out.res.Reaped) != 1 || out.res.Reaped[0].Evidence.HolderID != r1.ID {
+		t.Fatalf("the leader's reap = %+v, want H1 reaped with holder %s", out.res, r1.ID)
+	}
+	out = <-reapInBackground(t, stores(db, nil), "H2")
+	requireNoErr(t, out.err)
+	if len(out.res.Reaped) != 1 || out.res.Reaped[0].Evidence.HolderID != "" {
+		t.Fatalf("the lease-less reap = %+v, want H2 reaped without a holder", out.res)
+	}
+	for id, want := range map[string]string{"H1": r1.ID, "H2": ""} {
+		var got *string
+		if err := db.Pool.QueryRow(ctx, `SELECT detail->>'holder_id' FROM `+db.Table("job_events")+
+			` WHERE job_id = $1 AND kind = 'reaped'`, id).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if (want == "") != (got == nil) || (got != nil && *got != want) {
+			t.Fatalf("%s's reaped event holder_id = %v, want %q (absent when empty)", id, got, want)
+		}
+	}
+}
+
 // TestCase_B45_ALeaderPausedBetweenItsLeaseCheckAndCommitWritesNothing:
 // R1's reap transaction checks the leader lease, then R1 is paused past
 // the lease's TTL. The idle-in-transaction bound the reap transaction set

@@ -150,6 +150,11 @@ type Evidence struct {
 	// reap_dead_early (its worker gone from asynq's registry and its task's
 	// lease expired), before its runtime passed max_runtime.
 	DeadEarly bool `json:"dead_early,omitempty"`
+	// HolderID is the leader lease holder ID of the daemon whose reap
+	// transaction checked the leader lease before COMMIT (WithLeaderLease):
+	// the lease history names which replica reaped. Empty without a
+	// leader lease (run --once, a dry run, a library caller).
+	HolderID string `json:"holder_id,omitempty"`
 }
 
 func (e Evidence) detail() ([]byte, error) {

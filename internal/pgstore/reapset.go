@@ -218,6 +218,9 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 			if end := p.Rule.OutageEnd; end.After(reaped[i].Evidence.UpdatedAt) {
 				reaped[i].Evidence.OutageEnd = &end
 			}
+			if s.leader != nil {
+				reaped[i].Evidence.HolderID = s.leader.holderID
+			}
 		}
 		slices.SortFunc(reaped, func(a, b ReapedJob) int { return cmp.Compare(a.JobID, b.JobID) })
 		if failedAt, err = s.reapFollowUps(ctx, tx, reaped, saved); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -24,9 +25,14 @@ const (
 	kindError     = "error"
 	kindNil       = "nil"
 	kindCompleted = "completed"
+	kindLate      = "late"
 )
 
-var kinds = []string{kindComplete, kindHang, kindHeartbeat, kindFail, kindError, kindNil, kindCompleted}
+var kinds = []string{kindComplete, kindHang, kindHeartbeat, kindFail, kindError, kindNil, kindCompleted, kindLate}
+
+// lateGiveUp bounds how long the late kind waits for its reap's cancel
+// before it completes anyway.
+const lateGiveUp = time.Minute
 
 // settings are the flags, and what a payload may override.
 type settings struct {
@@ -67,6 +73,10 @@ type worker struct {
 	def      settings
 	handlers *registry
 	running  sync.WaitGroup
+	// charges, when set, is the table (schema-qualified, quoted) a
+	// completion inserts its charge row into, in CompleteWith's
+	// transaction: (job_id, generation).
+	charges string
 }
 
 // settingsOf returns the flags' settings overridden by the payload's.
@@ -140,7 +150,7 @@ func (w *worker) work(ctx context.Context, lease jobs.Lease, s settings, c *cont
 	case kindHang:
 		<-ctx.Done()
 		return ctx.Err()
-	case kindHeartbeat:
+	case kindHeartbeat, kindLate:
 		if s.IgnoreCancel {
 			ctx = context.WithoutCancel(ctx)
 		}
@@ -199,9 +209,9 @@ func (w *worker) heartbeat(ctx context.Context, lease jobs.Lease, s settings, c 
 		case <-c.finish.c:
 			return w.complete(ctx, lease)
 		case <-hangAt:
-			return w.hang(ctx, lease)
+			return w.hangThen(ctx, lease, s)
 		case <-c.hang.c:
-			return w.hang(ctx, lease)
+			return w.hangThen(ctx, lease, s)
 		case <-tick.C:
 			// Refused (reaped, reclaimed) ends the attempt; a failed
 			// write (PostgreSQL away) is retried by the Heartbeater after
@@ -211,6 +221,26 @@ func (w *worker) heartbeat(ctx context.Context, lease jobs.Lease, s settings, c 
 			}
 		}
 	}
+}
+
+// hangThen hangs (hang); for the late kind, once the handler's context
+// ended (the reap's cancel) or after lateGiveUp, it completes anyway with a
+// context of its own: a late result, which the fence must refuse. It says
+// "late <job id> generation <n>: <what CompleteWith returned>".
+func (w *worker) hangThen(ctx context.Context, lease jobs.Lease, s settings) error {
+	if s.Kind != kindLate {
+		return w.hang(ctx, lease)
+	}
+	say("hung %s generation %d", lease.JobID, lease.Generation)
+	select {
+	case <-ctx.Done():
+	case <-time.After(lateGiveUp):
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	err := w.complete(lctx, lease)
+	say("late %s generation %d: %v", lease.JobID, lease.Generation, err)
+	return err
 }
 
 // hang stops heartbeating: the job really stalled.
@@ -223,7 +253,14 @@ func (w *worker) hang(ctx context.Context, lease jobs.Lease) error {
 // complete completes the job through CompleteWith and says so when the
 // completion was confirmed.
 func (w *worker) complete(ctx context.Context, lease jobs.Lease) error {
-	if _, err := w.store.CompleteWith(ctx, nil, lease, nil); err != nil {
+	var fn func(pgx.Tx) error
+	if w.charges != "" {
+		fn = func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+w.charges+` (job_id, generation) VALUES ($1, $2)`, lease.JobID, lease.Generation)
+			return err
+		}
+	}
+	if _, err := w.store.CompleteWith(ctx, nil, lease, fn); err != nil {
 		return err
 	}
 	say("completed %s generation %d", lease.JobID, lease.Generation)

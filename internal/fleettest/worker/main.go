@@ -22,6 +22,14 @@
 //	           auto_complete, FAILED no_completion otherwise
 //	completed  complete through CompleteWith, then return nil: a handler
 //	           whose completion was confirmed before it returned
+//	late       heartbeat as the heartbeat kind; once it hangs (after
+//	           --hang-after or at a hang command) it waits until its
+//	           context ends (the reap's cancel) or a minute passed, then
+//	           completes anyway: a late result the fence must refuse
+//
+// With --charges TABLE, every completion inserts (job_id, generation) into
+// TABLE in CompleteWith's transaction: a product write that must land at
+// most once per job, and only with COMPLETED.
 //
 // A payload of JSON {"kind": "...", "heartbeat_every": "200ms",
 // "run_for": "5s", "hang_after": "3s", "code": "upstream_down",
@@ -54,6 +62,7 @@
 //	waiting <job id> generation <n>
 //	hung <job id> generation <n>
 //	completed <job id> generation <n>
+//	late <job id> generation <n>: <what the late completion returned>
 //	returned <job id> generation <n>: <error, or <nil>>
 //	did <command>: <n> handler(s)    (or: did <command>: <why not>)
 //
@@ -81,6 +90,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -96,6 +106,7 @@ func main() {
 func run() error {
 	var (
 		databaseURL, schema, redisURL, queues, name    string
+		charges                                        string
 		concurrency                                    int
 		heartbeatInterval, retryDelay, shutdownTimeout time.Duration
 		def                                            settings
@@ -105,6 +116,7 @@ func run() error {
 	flag.StringVar(&redisURL, "redis-url", "", "Redis URL (required)")
 	flag.StringVar(&queues, "queue", "", "the asynq queues to serve, comma-separated (required)")
 	flag.StringVar(&name, "name", "worker", `the worker name the guard claims with ("": the guard's default, "<host>:<pid>")`)
+	flag.StringVar(&charges, "charges", "", "a table (job_id text, generation bigint) of the schema each completion inserts its charge into")
 	flag.IntVar(&concurrency, "concurrency", 4, "handlers at once")
 	flag.DurationVar(&heartbeatInterval, "heartbeat-interval", time.Second,
 		"the Heartbeater's least time between two writes of one attempt (the daemon's --heartbeat-interval)")
@@ -162,6 +174,9 @@ func run() error {
 		LogLevel:                 asynq.WarnLevel,
 	})
 	w := &worker{store: store, hb: hb, def: def, handlers: newRegistry()}
+	if charges != "" {
+		w.charges = pgx.Identifier{schema, charges}.Sanitize()
+	}
 	// The test holds our stdin: it sends commands there, and when it goes
 	// away, so do we.
 	go func() {

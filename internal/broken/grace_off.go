@@ -1,0 +1,6 @@
+//go:build !brokengrace
+
+package broken
+
+// Grace is false: the mechanism is on (see the package doc).
+const Grace = false
