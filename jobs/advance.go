@@ -49,9 +49,11 @@ ON CONFLICT (job_id, token) DO UPDATE
        count = EXCLUDED.count, cursor_after = EXCLUDED.cursor_after, at = now()
  WHERE b.generation < @first_generation`
 
+// moveCursorSQL moves the cursor and updated_at, and keeps the attempt's
+// longest progress gap (keepIdleGapSQL) in the same statement.
 const moveCursorSQL = `
-UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
- WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation AND "cursor" = @expected_cursor`
+UPDATE {schema}.jobs j SET "cursor" = @cursor_after, updated_at = now(), ` + keepIdleGapSQL + `
+ WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation AND j."cursor" = @expected_cursor`
 
 // Advance records one batch of resumable progress: the cursor moves from
 // expectedCursor to expectedCursor + count. It runs in the caller's

@@ -29,16 +29,23 @@ type CompleteResult struct {
 	Confirmed bool
 }
 
+// completeSQL ends the attempt as COMPLETED, keeping its longest progress
+// gap (keepIdleGapSQL), and returns what the cascade and the completed
+// event need (attemptEvidenceSQL).
 const completeSQL = `
-UPDATE {schema}.jobs SET status = 'COMPLETED', finished_at = now()
- WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
-RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
+UPDATE {schema}.jobs j SET status = 'COMPLETED', finished_at = now(), ` + keepIdleGapSQL + `
+ WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation
+RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''), ` + attemptEvidenceSQL
 
 // Complete marks lease's job COMPLETED in the caller's transaction tx. It
 // must be the first write of tx: the completion's product rows, READY flags
 // and usage charges are written after it in tx, so that a refused
 // completion is known before any of them exists. In the same tx it appends a
-// "completed" event and runs the type's on_completed cascade.
+// "completed" event, whose detail holds the attempt's runtime_seconds and
+// max_idle_gap_seconds (its longest progress gap, which the same UPDATE
+// keeps), and runs the type's on_completed cascade. The attempt's runtime
+// is observed in jobreaper_job_runtime_seconds (WithRegisterer) when the
+// UPDATE matched, whether or not the caller then commits tx.
 //
 // The UPDATE is fenced (status PROCESSING, the lease's generation). When it
 // matches nothing the row is re-read: COMPLETED by this generation returns
@@ -54,30 +61,57 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // past PrepareCascades); otherwise a wrapped driver error or the
 // operation's timeout.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
+	res, fin, err := s.complete(ctx, tx, lease)
+	if err == nil && !res.Replayed {
+		s.metrics.finished(fin)
+	}
+	return res, err
+}
+
+// finishedAttempt is an attempt a final write ended, for
+// jobreaper_job_runtime_seconds.
+type finishedAttempt struct {
+	typ, outcome string
+	ev           attemptEvidence
+}
+
+// complete is Complete without the runtime observation: CompleteWith
+// observes it once its transaction committed.
+func (s *Store) complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, finishedAttempt, error) {
 	ctx, done := s.core.Op(ctx, "Complete")
-	var ca pgcore.CascadeArgs
-	err := tx.QueryRow(ctx, s.core.Q(completeSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	var (
+		ca pgcore.CascadeArgs
+		ev attemptEvidence
+	)
+	err := tx.QueryRow(ctx, s.core.Q(completeSQL), namedLease(lease)).
+		Scan(&ca.Type, &ca.ParentID, &ca.TenantID, &ev.RuntimeSeconds, &ev.MaxIdleGapSeconds)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return s.completeRefused(ctx, tx, "Complete", lease, done)
+		res, err := s.completeRefused(ctx, tx, "Complete", lease, done)
+		return res, finishedAttempt{}, err
 	}
 	if err != nil {
-		return CompleteResult{}, done(err)
+		return CompleteResult{}, finishedAttempt{}, done(err)
 	}
 	ca.JobID = lease.JobID
-	if err := s.appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
-		return CompleteResult{}, done(err)
+	fin := finishedAttempt{typ: ca.Type, outcome: outcomeCompleted, ev: ev}
+	detail, err := ev.detail(nil)
+	if err != nil {
+		return CompleteResult{}, fin, done(err)
+	}
+	if err := s.appendEvent(ctx, tx, EventCompleted, lease, detail); err != nil {
+		return CompleteResult{}, fin, done(err)
 	}
 	if err := s.core.RunCompleted(ctx, tx, ca); err != nil {
-		return CompleteResult{}, done(err)
+		return CompleteResult{}, fin, done(err)
 	}
 	// The caller commits tx; tell it now if the cascade ended tx, before it
 	// writes its product rows outside any transaction.
 	if len(s.core.Cascades()[ca.Type].OnCompleted) > 0 {
 		if err := pgcore.CheckTxOpen(tx, "the on_completed cascade of type "+ca.Type); err != nil {
-			return CompleteResult{}, done(fmt.Errorf("job %s: %w", lease.JobID, err))
+			return CompleteResult{}, fin, done(fmt.Errorf("job %s: %w", lease.JobID, err))
 		}
 	}
-	return CompleteResult{}, done(nil)
+	return CompleteResult{}, fin, done(nil)
 }
 
 // completeRefused answers a completion UPDATE that matched no row, reading
@@ -143,18 +177,19 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 	var (
 		tx  pgx.Tx
 		res CompleteResult
+		fin finishedAttempt
 	)
 	err := s.retryFinal(ctx, func(ctx context.Context, _ bool) error {
 		t, err := s.core.Begin(ctx, db, "CompleteWith")
 		if err != nil {
 			return err
 		}
-		r, err := s.Complete(ctx, t, lease)
+		r, f, err := s.complete(ctx, t, lease)
 		if err != nil {
 			s.core.Rollback(ctx, t)
 			return fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
 		}
-		tx, res = t, r
+		tx, res, fin = t, r, f
 		return nil
 	})
 	if err != nil {
@@ -175,6 +210,7 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 	if err := s.core.Commit(ctx, tx); err != nil {
 		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: completing job %s: %w", lease.JobID, err)
 	}
+	s.metrics.finished(fin)
 	return CompleteResult{Confirmed: true}, nil
 }
 

@@ -234,7 +234,9 @@ func (h *Heartbeater) Stats() HeartbeatStats {
 // claim holding the row must answer with the row that write left, not the
 // one it started from (in READ COMMITTED, a locking read returns the
 // latest committed version). The UPDATE repeats the fence on the row
-// itself; after the lock nothing can change it in between.
+// itself; after the lock nothing can change it in between. The same
+// UPDATE keeps the attempt's longest progress gap (keepIdleGapSQL), so
+// the evidence costs no statement of its own.
 const heartbeatSQL = `
 WITH cur AS (
     SELECT id, status, generation, coalesce(failure_reason, '') AS failure_reason, progress_mark
@@ -242,7 +244,7 @@ WITH cur AS (
        FOR NO KEY UPDATE
 ), beat AS (
     UPDATE {schema}.jobs j
-       SET updated_at = now(), progress_mark = @progress
+       SET updated_at = now(), progress_mark = @progress, ` + keepIdleGapSQL + `
       FROM cur
      WHERE j.id = cur.id
        AND cur.status = 'PROCESSING' AND cur.generation = @generation AND cur.progress_mark < @progress
