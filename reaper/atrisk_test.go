@@ -8,6 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
 	"github.com/jobreaper/jobreaper/reaper"
 )
@@ -201,5 +202,38 @@ func TestDryRunMarksDecisionsAtRisk(t *testing.T) {
 		if w := want[d.JobID]; d.Reason != w.reason || d.AtRisk != w.atRisk {
 			t.Errorf("decision on %s = %s at_risk %v, want %s at_risk %v", d.JobID, d.Reason, d.AtRisk, w.reason, w.atRisk)
 		}
+	}
+}
+
+// jobreaper_jobs_at_risk is exported only by the replica that runs
+// passes: a replica whose leader lease is not held (a follower) exports
+// no series, so a sum over the replicas counts each job once.
+func TestJobsAtRiskOnlyFromTheReplicaHoldingTheLeaderLease(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	db.JobType(t, "crawl.site", "60 minutes", "", "")
+	db.Insert(t, jobstest.Job{ID: "risky", Type: "crawl.site", Generation: 1, Queue: "reports",
+		StartedAgo: jobstest.Ago(2 * time.Hour), IdleAgo: 10 * time.Minute})
+	queues := []string{"reports"}
+	reg := prometheus.NewRegistry()
+	m := reaper.NewMetrics(reg)
+	lease := reaper.NewLeaderLease(db.Daemon(), queues, pgstore.NewLeaderLeaseHolder(time.Now()), time.Minute,
+		reaper.NewSettings(time.Minute, 5*time.Minute, 15*time.Minute, queues, nil), testLogger(t), m)
+	lister := &fakeLister{queues: map[string]asynqstate.ActiveTasks{"reports": {IDs: []string{"risky"}}}, failed: map[string]error{}}
+	r := reaper.New(db.Daemon(), lister, newMarkers(t, miniRedisClient(t)), reaper.Options{Queues: queues, Rule: baselineRule,
+		Logger: testLogger(t), Metrics: m, LeaderLease: lease})
+	// RunOnce neither takes nor checks the leader lease: the pass counts
+	// the job, but a replica that does not hold the lease hides it.
+	if res, err := runOnce(t, t.Context(), r); err != nil || res.AtRisk != 1 {
+		t.Fatalf("pass = %+v, %v; want 1 at risk", res, err)
+	}
+	if n := seriesCount(t, reg, "jobreaper_jobs_at_risk"); n != 0 {
+		t.Fatalf("a replica without the leader lease exports %d series of jobreaper_jobs_at_risk, want none", n)
+	}
+	if !lease.Attempt(t.Context()) {
+		t.Fatal("the replica could not take the leader lease")
+	}
+	if got := metricValue(t, reg, "jobreaper_jobs_at_risk", map[string]string{"type": "crawl.site", "queue": "reports"}); got != 1 {
+		t.Fatalf("the leader's jobreaper_jobs_at_risk{crawl.site,reports} = %v, want 1", got)
 	}
 }
