@@ -64,7 +64,8 @@ UPDATE {schema}.jobs j SET "cursor" = @cursor_after, updated_at = now(), ` + kee
 // other and a token is recorded once.
 //
 // A committed batch is evidence of progress: it sets updated_at to the
-// database's now(). Advance is never throttled. A NULL total (the job was
+// database's now() and, in the same UPDATE, keeps the attempt's longest
+// progress gap (jobs.max_idle_gap). Advance is never throttled. A NULL total (the job was
 // created without one) sets no upper bound.
 //
 // Checks, in order, each returning an error (tx must then be rolled back):

@@ -163,7 +163,10 @@ func (h *Heartbeater) Interval() time.Duration { return h.interval }
 // The UPDATE is fenced: it moves updated_at to the database's now() and
 // stores progress only when the row is PROCESSING at the lease's generation
 // and progress is greater than the stored progress_mark, so an idle ticker
-// repeating one mark cannot keep a hung job alive. Such a call returns
+// repeating one mark cannot keep a hung job alive. The same UPDATE keeps
+// the attempt's longest progress gap (jobs.max_idle_gap: the longest time
+// between two recorded writes of the attempt), so a heartbeat is still one
+// statement. Such a call returns
 // Written=false and a nil error. The answer reflects the row after any
 // write the heartbeat waited for (a reap or a claim holding the row).
 //
