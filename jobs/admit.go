@@ -75,9 +75,12 @@ const admitSQL = `
 WITH snap AS (
     SELECT generation FROM {schema}.jobs WHERE id = @job_id
 ), cur AS (
-    SELECT id, status, generation, coalesce(failure_reason, '') AS failure_reason
+    SELECT id, status, generation, coalesce(failure_reason, '') AS failure_reason,
+           worker, started_at, updated_at, max_idle_gap
       FROM {schema}.jobs WHERE id = @job_id
        FOR NO KEY UPDATE
+), prev AS (
+    SELECT * FROM cur
 ), claimed AS (
     UPDATE {schema}.jobs j
        SET status = 'PROCESSING',
@@ -86,8 +89,9 @@ WITH snap AS (
            started_at = now(),
            updated_at = now(),
            progress_mark = 0,
-           failure_reason = NULL
-      FROM cur, snap
+           failure_reason = NULL,
+           ` + resetIdleGapSQL + `
+      FROM cur, snap, prev
      WHERE j.id = cur.id
        AND @claim::boolean
        AND cur.generation = snap.generation
@@ -95,10 +99,11 @@ WITH snap AS (
        AND (@marker::bigint IS NULL OR @marker::bigint < cur.generation)
  RETURNING j.id, j.generation, j.worker, j.type, coalesce(j.queue, '') AS queue,
            coalesce(j.parent_id, '') AS parent_id, coalesce(j.tenant_id, '') AS tenant_id,
-           j."cursor", coalesce(j.total, 0) AS total, j.started_at, j.first_generation
+           j."cursor", coalesce(j.total, 0) AS total, j.started_at, j.first_generation,
+           ` + takeoverDetailSQL + ` AS detail
 ), event AS (
-    INSERT INTO {schema}.job_events (job_id, kind, generation, worker, at)
-    SELECT id, 'claimed', generation, worker, now() FROM claimed
+    INSERT INTO {schema}.job_events (job_id, kind, generation, worker, at, detail)
+    SELECT id, 'claimed', generation, worker, now(), detail FROM claimed
 )
 SELECT cur.status, cur.generation, cur.failure_reason, snap.generation,
        c.id, c.generation, c.worker, c.type, c.queue, c.parent_id, c.tenant_id,

@@ -49,9 +49,11 @@ ON CONFLICT (job_id, token) DO UPDATE
        count = EXCLUDED.count, cursor_after = EXCLUDED.cursor_after, at = now()
  WHERE b.generation < @first_generation`
 
+// moveCursorSQL moves the cursor and updated_at, and keeps the attempt's
+// longest progress gap (keepIdleGapSQL) in the same statement.
 const moveCursorSQL = `
-UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
- WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation AND "cursor" = @expected_cursor`
+UPDATE {schema}.jobs j SET "cursor" = @cursor_after, updated_at = now(), ` + keepIdleGapSQL + `
+ WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation AND j."cursor" = @expected_cursor`
 
 // Advance records one batch of resumable progress: the cursor moves from
 // expectedCursor to expectedCursor + count. It runs in the caller's
@@ -62,7 +64,8 @@ UPDATE {schema}.jobs SET "cursor" = @cursor_after, updated_at = now()
 // other and a token is recorded once.
 //
 // A committed batch is evidence of progress: it sets updated_at to the
-// database's now(). Advance is never throttled. A NULL total (the job was
+// database's now() and, in the same UPDATE, keeps the attempt's longest
+// progress gap (jobs.max_idle_gap). Advance is never throttled. A NULL total (the job was
 // created without one) sets no upper bound.
 //
 // Checks, in order, each returning an error (tx must then be rolled back):

@@ -29,16 +29,23 @@ type CompleteResult struct {
 	Confirmed bool
 }
 
+// completeSQL ends the attempt as COMPLETED, keeping its longest progress
+// gap (keepIdleGapSQL), and returns what the cascade and the completed
+// event need (attemptEvidenceSQL).
 const completeSQL = `
-UPDATE {schema}.jobs SET status = 'COMPLETED', finished_at = now()
- WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
-RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
+UPDATE {schema}.jobs j SET status = 'COMPLETED', finished_at = now(), ` + keepIdleGapSQL + `
+ WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation
+RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''), ` + attemptEvidenceSQL
 
 // Complete marks lease's job COMPLETED in the caller's transaction tx. It
 // must be the first write of tx: the completion's product rows, READY flags
 // and usage charges are written after it in tx, so that a refused
 // completion is known before any of them exists. In the same tx it appends a
-// "completed" event and runs the type's on_completed cascade.
+// "completed" event, whose detail holds the attempt's runtime_seconds and
+// max_idle_gap_seconds (its longest progress gap, which the same UPDATE
+// keeps), and runs the type's on_completed cascade. The attempt's runtime
+// is observed in jobreaper_job_runtime_seconds (WithRegisterer) when the
+// UPDATE matched, whether or not the caller then commits tx.
 //
 // The UPDATE is fenced (status PROCESSING, the lease's generation). When it
 // matches nothing the row is re-read: COMPLETED by this generation returns
@@ -54,9 +61,12 @@ RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
 // past PrepareCascades); otherwise a wrapped driver error or the
 // operation's timeout.
 func (s *Store) Complete(ctx context.Context, tx pgx.Tx, lease Lease) (CompleteResult, error) {
-	res, late, err := s.complete(ctx, tx, lease)
+	res, fin, late, err := s.complete(ctx, tx, lease)
 	if late != nil {
 		return res, late.record(ctx, s)
+	}
+	if err == nil && !res.Replayed {
+		s.metrics.finished(fin)
 	}
 	return res, err
 }
@@ -78,62 +88,63 @@ func (w *lateWrite) record(ctx context.Context, s *Store) error {
 	return s.rejectLate(ctx, w.op, w.lease, w.st, w.refusal)
 }
 
-// complete is Complete with the event of a refused completion left to the
-// caller: late is non-nil when the completion was refused as stale or
-// terminal, and then err is nil and the caller must call late.record.
-func (s *Store) complete(ctx context.Context, tx pgx.Tx, lease Lease) (_ CompleteResult, late *lateWrite, _ error) {
+// finishedAttempt is an attempt a final write ended, for
+// jobreaper_job_runtime_seconds.
+type finishedAttempt struct {
+	typ, outcome string
+	ev           attemptEvidence
+}
+
+// complete is Complete without the runtime observation (CompleteWith
+// observes it once its transaction committed) and with the event of a
+// refused completion left to the caller: late is non-nil when the
+// completion was refused as stale or terminal, and then err is nil and the
+// caller must call late.record.
+func (s *Store) complete(ctx context.Context, tx pgx.Tx, lease Lease) (_ CompleteResult, _ finishedAttempt, late *lateWrite, _ error) {
 	ctx, done := s.core.Op(ctx, "Complete")
-	var ca pgcore.CascadeArgs
-	err := tx.QueryRow(ctx, s.core.Q(completeSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+	var (
+		ca pgcore.CascadeArgs
+		ev attemptEvidence
+	)
+	err := tx.QueryRow(ctx, s.core.Q(completeSQL), namedLease(lease)).
+		Scan(&ca.Type, &ca.ParentID, &ca.TenantID, &ev.RuntimeSeconds, &ev.MaxIdleGapSeconds)
 	if errors.Is(err, pgx.ErrNoRows) {
 		st, err := s.readState(ctx, tx, lease.JobID)
 		if err != nil {
-			return CompleteResult{}, nil, done(err)
+			return CompleteResult{}, finishedAttempt{}, nil, done(err)
 		}
 		if st.Status == StatusCompleted && st.Generation == lease.Generation {
-			return CompleteResult{Replayed: true, Confirmed: true}, nil, done(nil)
+			return CompleteResult{Replayed: true, Confirmed: true}, finishedAttempt{}, nil, done(nil)
 		}
 		if ferr := fenceError(lease, st); ferr != nil {
 			done(ferr)
-			return CompleteResult{}, &lateWrite{op: "Complete", lease: lease, st: st, refusal: ferr}, nil
+			return CompleteResult{}, finishedAttempt{}, &lateWrite{op: "Complete", lease: lease, st: st, refusal: ferr}, nil
 		}
-		return CompleteResult{}, nil, done(fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation))
+		return CompleteResult{}, finishedAttempt{}, nil, done(fmt.Errorf("job %s matched no row although it reads PROCESSING at generation %d", lease.JobID, st.Generation))
 	}
 	if err != nil {
-		return CompleteResult{}, nil, done(err)
+		return CompleteResult{}, finishedAttempt{}, nil, done(err)
 	}
 	ca.JobID = lease.JobID
-	if err := s.appendEvent(ctx, tx, EventCompleted, lease, nil); err != nil {
-		return CompleteResult{}, nil, done(err)
+	fin := finishedAttempt{typ: ca.Type, outcome: outcomeCompleted, ev: ev}
+	detail, err := ev.detail(nil)
+	if err != nil {
+		return CompleteResult{}, fin, nil, done(err)
+	}
+	if err := s.appendEvent(ctx, tx, EventCompleted, lease, detail); err != nil {
+		return CompleteResult{}, fin, nil, done(err)
 	}
 	if err := s.core.RunCompleted(ctx, tx, ca); err != nil {
-		return CompleteResult{}, nil, done(err)
+		return CompleteResult{}, fin, nil, done(err)
 	}
 	// The caller commits tx; tell it now if the cascade ended tx, before it
 	// writes its product rows outside any transaction.
 	if len(s.core.Cascades()[ca.Type].OnCompleted) > 0 {
 		if err := pgcore.CheckTxOpen(tx, "the on_completed cascade of type "+ca.Type); err != nil {
-			return CompleteResult{}, nil, done(fmt.Errorf("job %s: %w", lease.JobID, err))
+			return CompleteResult{}, fin, nil, done(fmt.Errorf("job %s: %w", lease.JobID, err))
 		}
 	}
-	return CompleteResult{}, nil, done(nil)
-}
-
-// lateAfterCancel reads lease's job on a context detached from ctx (which
-// has ended) and bounded by the operation timeout, and returns the refused
-// write to record when the attempt is stale or the job terminal; nil when
-// the row could not be read or the attempt still owns it.
-func (s *Store) lateAfterCancel(ctx context.Context, lease Lease) *lateWrite {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.core.OpTimeout())
-	defer cancel()
-	st, err := s.readState(rctx, s.core.DB(), lease.JobID)
-	if err != nil {
-		return nil
-	}
-	if ferr := fenceError(lease, st); ferr != nil {
-		return &lateWrite{op: "Complete", lease: lease, st: st, refusal: ferr}
-	}
-	return nil
+	return CompleteResult{}, fin, nil, done(nil)
 }
 
 // CompleteWith completes lease's job and writes the completion's product
@@ -183,13 +194,14 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 	var (
 		tx  pgx.Tx
 		res CompleteResult
+		fin finishedAttempt
 	)
 	err := s.retryFinal(ctx, func(ctx context.Context, _ bool) error {
 		t, err := s.core.Begin(ctx, db, "CompleteWith")
 		if err != nil {
 			return err
 		}
-		r, late, err := s.complete(ctx, t, lease)
+		r, f, late, err := s.complete(ctx, t, lease)
 		if late != nil || err != nil {
 			s.core.Rollback(ctx, t)
 			if late != nil {
@@ -197,7 +209,7 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 			}
 			return fmt.Errorf("jobs.CompleteWith: job %s: rolled back, nothing written: %w", lease.JobID, err)
 		}
-		tx, res = t, r
+		tx, res, fin = t, r, f
 		return nil
 	})
 	if err != nil && ctx.Err() != nil && !errors.Is(err, ErrStaleWorker) && !errors.Is(err, ErrJobTerminal) {
@@ -230,7 +242,25 @@ func (s *Store) CompleteWith(ctx context.Context, db TxBeginner, lease Lease, fn
 	if err := s.core.Commit(ctx, tx); err != nil {
 		return CompleteResult{}, fmt.Errorf("jobs.CompleteWith: completing job %s: %w", lease.JobID, err)
 	}
+	s.metrics.finished(fin)
 	return CompleteResult{Confirmed: true}, nil
+}
+
+// lateAfterCancel reads lease's job on a context detached from ctx (which
+// has ended) and bounded by the operation timeout, and returns the refused
+// write to record when the attempt is stale or the job terminal; nil when
+// the row could not be read or the attempt still owns it.
+func (s *Store) lateAfterCancel(ctx context.Context, lease Lease) *lateWrite {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.core.OpTimeout())
+	defer cancel()
+	st, err := s.readState(rctx, s.core.DB(), lease.JobID)
+	if err != nil {
+		return nil
+	}
+	if ferr := fenceError(lease, st); ferr != nil {
+		return &lateWrite{op: "Complete", lease: lease, st: st, refusal: ferr}
+	}
+	return nil
 }
 
 const checkCompletedSQL = `

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -66,17 +65,23 @@ func CheckFailureCode(code string) error {
 	return nil
 }
 
+// failSQL ends the attempt as FAILED, keeping its longest progress gap
+// (keepIdleGapSQL), and returns what the cascade and the failed event need
+// (attemptEvidenceSQL).
 const failSQL = `
-UPDATE {schema}.jobs SET status = 'FAILED', failure_reason = @code, finished_at = now()
- WHERE id = @job_id AND status = 'PROCESSING' AND generation = @generation
-RETURNING type, coalesce(parent_id, ''), coalesce(tenant_id, '')`
+UPDATE {schema}.jobs j SET status = 'FAILED', failure_reason = @code, finished_at = now(), ` + keepIdleGapSQL + `
+ WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation
+RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''), ` + attemptEvidenceSQL
 
 // Fail ends lease's attempt and its job as FAILED with the fixed failure
 // code (see CheckFailureCode; the error's text goes to the log, not here).
 // In one transaction it runs the fenced UPDATE (status PROCESSING, the
-// lease's generation) that also sets finished_at, appends a "failed" event
-// and runs the type's on_failed cascade, the same cascade a reap runs, so a
-// worker-reported failure and a reap are one domain transition.
+// lease's generation) that also sets finished_at and keeps the attempt's
+// longest progress gap, appends a "failed" event (its detail: the code,
+// runtime_seconds and max_idle_gap_seconds) and runs the type's on_failed
+// cascade, the same cascade a reap runs, so a worker-reported failure and
+// a reap are one domain transition. Once committed, the attempt's runtime
+// is observed in jobreaper_job_runtime_seconds (WithRegisterer).
 //
 // A try that meets a connection-level failure, a deadlock or a
 // serialization failure is rolled back and tried again after 0.25, 0.5, 1,
@@ -107,9 +112,14 @@ func (s *Store) Fail(ctx context.Context, lease Lease, code string) error {
 func (s *Store) failOnce(ctx context.Context, lease Lease, code string, maybeDone bool) error {
 	ctx, done := s.core.Op(ctx, "Fail")
 	matched := false
+	var fin finishedAttempt
 	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
-		var ca pgcore.CascadeArgs
-		err := tx.QueryRow(ctx, s.core.Q(failSQL), namedLease(lease, "code", code)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+		var (
+			ca pgcore.CascadeArgs
+			ev attemptEvidence
+		)
+		err := tx.QueryRow(ctx, s.core.Q(failSQL), namedLease(lease, "code", code)).
+			Scan(&ca.Type, &ca.ParentID, &ca.TenantID, &ev.RuntimeSeconds, &ev.MaxIdleGapSeconds)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -117,7 +127,8 @@ func (s *Store) failOnce(ctx context.Context, lease Lease, code string, maybeDon
 			return err
 		}
 		matched = true
-		detail, err := json.Marshal(map[string]string{"code": code})
+		fin = finishedAttempt{typ: ca.Type, outcome: outcomeFailed, ev: ev}
+		detail, err := ev.detail(map[string]any{"code": code})
 		if err != nil {
 			return err
 		}
@@ -127,6 +138,9 @@ func (s *Store) failOnce(ctx context.Context, lease Lease, code string, maybeDon
 		ca.JobID = lease.JobID
 		return s.core.RunFailed(ctx, tx, ca)
 	})
+	if err == nil && matched {
+		s.metrics.finished(fin)
+	}
 	if err != nil || matched {
 		return done(err)
 	}

@@ -163,7 +163,10 @@ func (h *Heartbeater) Interval() time.Duration { return h.interval }
 // The UPDATE is fenced: it moves updated_at to the database's now() and
 // stores progress only when the row is PROCESSING at the lease's generation
 // and progress is greater than the stored progress_mark, so an idle ticker
-// repeating one mark cannot keep a hung job alive. Such a call returns
+// repeating one mark cannot keep a hung job alive. The same UPDATE keeps
+// the attempt's longest progress gap (jobs.max_idle_gap: the longest time
+// between two recorded writes of the attempt), so a heartbeat is still one
+// statement. Such a call returns
 // Written=false and a nil error. The answer reflects the row after any
 // write the heartbeat waited for (a reap or a claim holding the row).
 //
@@ -234,7 +237,9 @@ func (h *Heartbeater) Stats() HeartbeatStats {
 // claim holding the row must answer with the row that write left, not the
 // one it started from (in READ COMMITTED, a locking read returns the
 // latest committed version). The UPDATE repeats the fence on the row
-// itself; after the lock nothing can change it in between.
+// itself; after the lock nothing can change it in between. The same
+// UPDATE keeps the attempt's longest progress gap (keepIdleGapSQL), so
+// the evidence costs no statement of its own.
 const heartbeatSQL = `
 WITH cur AS (
     SELECT id, status, generation, coalesce(failure_reason, '') AS failure_reason, progress_mark
@@ -242,7 +247,7 @@ WITH cur AS (
        FOR NO KEY UPDATE
 ), beat AS (
     UPDATE {schema}.jobs j
-       SET updated_at = now(), progress_mark = @progress
+       SET updated_at = now(), progress_mark = @progress, ` + keepIdleGapSQL + `
       FROM cur
      WHERE j.id = cur.id
        AND cur.status = 'PROCESSING' AND cur.generation = @generation AND cur.progress_mark < @progress

@@ -82,11 +82,11 @@ func (s *Store) refuseFinal(ctx context.Context, op string, lease Lease, own fun
 }
 
 const autoCompleteSQL = `
-UPDATE {schema}.jobs j SET status = 'COMPLETED', finished_at = now()
+UPDATE {schema}.jobs j SET status = 'COMPLETED', finished_at = now(), ` + keepIdleGapSQL + `
   FROM {schema}.job_types t
  WHERE j.id = @job_id AND j.status = 'PROCESSING' AND j.generation = @generation
    AND t.name = j.type AND t.auto_complete
-RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, '')`
+RETURNING j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''), ` + attemptEvidenceSQL
 
 const autoStateSQL = `
 SELECT j.status, j.generation, coalesce(j.failure_reason, ''), coalesce(t.auto_complete, false)
@@ -95,7 +95,9 @@ SELECT j.status, j.generation, coalesce(j.failure_reason, ''), coalesce(t.auto_c
 
 // AutoComplete settles a handler that returned success: it completes
 // lease's job when its type is marked auto_complete, in one transaction with
-// a "completed" event and the on_completed cascade, as Complete does. The
+// a "completed" event (auto_complete, runtime_seconds and
+// max_idle_gap_seconds in its detail) and the on_completed cascade, as
+// Complete does. The
 // UPDATE re-checks the type's auto_complete flag and the fence (status
 // PROCESSING, the lease's generation) in SQL.
 //
@@ -129,9 +131,14 @@ func (s *Store) AutoComplete(ctx context.Context, lease Lease) (CompleteResult, 
 func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResult, error) {
 	ctx, done := s.core.Op(ctx, "AutoComplete")
 	matched := false
+	var fin finishedAttempt
 	err := s.core.InTx(ctx, func(tx pgx.Tx) error {
-		var ca pgcore.CascadeArgs
-		err := tx.QueryRow(ctx, s.core.Q(autoCompleteSQL), namedLease(lease)).Scan(&ca.Type, &ca.ParentID, &ca.TenantID)
+		var (
+			ca pgcore.CascadeArgs
+			ev attemptEvidence
+		)
+		err := tx.QueryRow(ctx, s.core.Q(autoCompleteSQL), namedLease(lease)).
+			Scan(&ca.Type, &ca.ParentID, &ca.TenantID, &ev.RuntimeSeconds, &ev.MaxIdleGapSeconds)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -139,7 +146,12 @@ func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResu
 			return err
 		}
 		matched = true
-		if err := s.appendEvent(ctx, tx, EventCompleted, lease, []byte(`{"auto_complete": true}`)); err != nil {
+		fin = finishedAttempt{typ: ca.Type, outcome: outcomeCompleted, ev: ev}
+		detail, err := ev.detail(map[string]any{"auto_complete": true})
+		if err != nil {
+			return err
+		}
+		if err := s.appendEvent(ctx, tx, EventCompleted, lease, detail); err != nil {
 			return err
 		}
 		ca.JobID = lease.JobID
@@ -149,6 +161,7 @@ func (s *Store) autoCompleteOnce(ctx context.Context, lease Lease) (CompleteResu
 		return CompleteResult{}, done(err)
 	}
 	if matched {
+		s.metrics.finished(fin)
 		return CompleteResult{Confirmed: true}, done(nil)
 	}
 	var (

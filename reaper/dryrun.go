@@ -26,6 +26,9 @@ type Decision struct {
 	StallTimeoutSeconds float64 `json:"stall_timeout_seconds"`
 	Generation          int64   `json:"generation"`
 	Worker              string  `json:"worker"`
+	// AtRisk: the job is left alone at risk of a reap soon (AtRisk), as
+	// jobreaper_jobs_at_risk counts it; false for a reap decision.
+	AtRisk bool `json:"at_risk"`
 }
 
 // decided records a decision on job id in a dry run; a real pass records
@@ -55,6 +58,7 @@ func decision(id string, snap *jobs.Snapshot, v Verdict, reapReason string) Deci
 		JobID: id, Decision: DecisionSkip, Reason: string(v.Skip),
 		RuntimeSeconds: v.Runtime.Seconds(), IdleSeconds: v.Idle.Seconds(),
 		MaxRuntimeSeconds: v.MaxRuntime.Seconds(), StallTimeoutSeconds: v.StallTimeout.Seconds(),
+		AtRisk: AtRisk(v),
 	}
 	if v.Reap {
 		d.Decision, d.Reason = DecisionReap, reapReason

@@ -64,6 +64,17 @@ func (m *fleetMetrics) leading() float64 {
 	return 0
 }
 
+// runsNoPasses reports whether this replica runs no passes now: it gave
+// up, or it has a leader lease that it does not hold. Without a leader
+// lease (run --once, a test's RunOnce, --leader-lease=false) it runs them.
+func (m *fleetMetrics) runsNoPasses() bool {
+	if m.gaveUp.Load() {
+		return true
+	}
+	l := m.lease.Load()
+	return l != nil && !l.Held()
+}
+
 // leaseAgeSeconds is jobreaper_leader_lease_age_seconds's value now; 0
 // without a leader lease.
 func (m *fleetMetrics) leaseAgeSeconds() float64 {

@@ -122,6 +122,9 @@ func (r *Reaper) reapStalled(ctx context.Context, j *judgement, queues, listed [
 		if hold := h.on[q]; hold != nil {
 			heldBy[hold]++
 			r.heldInDryRun(res, s.id)
+			// A held job is stalled: past max_runtime, idle for its whole
+			// stall timeout, so AtRisk of its verdict held is true.
+			res.atRisk(s.kind.typ, s.kind.queue)
 			continue
 		}
 		if h.over[q] != nil {
@@ -284,5 +287,6 @@ func (r *Reaper) heldInDryRun(res *Result, id string) {
 	}
 	if i, ok := res.decided[id]; ok && res.Decisions[i].Decision == DecisionReap {
 		res.Decisions[i].Decision, res.Decisions[i].Reason = DecisionSkip, string(SkipStallStormHeld)
+		res.Decisions[i].AtRisk = true
 	}
 }

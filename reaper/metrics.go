@@ -22,6 +22,8 @@ type Metrics struct {
 	lastSuccess   prometheus.Gauge
 	stallStorms   prometheus.Counter
 	stormHeld     prometheus.Gauge
+	atRisk        *atRiskGauge
+	reapDelay     *prometheus.HistogramVec
 	reconcile     *reconcileMetrics
 	fleet         *fleetMetrics
 }
@@ -126,8 +128,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.reconcile = newReconcileMetrics(reg)
 	m.fleet = newFleetMetrics(reg)
+	m.atRisk = newAtRiskGauge(m.fleet.runsNoPasses)
+	m.reapDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "jobreaper_reap_delay_seconds",
+		Help: "How long each reaped job had been reapable when it was reaped, in seconds, by job type and reason (stalled, lost_task): " +
+			"the lesser of its idle time beyond the stall timeout (counted from the last outage end) and its runtime beyond max_runtime.",
+		Buckets: reapDelayBuckets,
+	}, []string{"type", "reason"})
 	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
-		m.queueNotFound, m.badQueues, m.duration, m.lastSuccess, m.stallStorms, m.stormHeld)
+		m.queueNotFound, m.badQueues, m.duration, m.lastSuccess, m.stallStorms, m.stormHeld, m.atRisk, m.reapDelay)
 	return m
 }
 
@@ -183,6 +192,14 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 		m.lastSuccess.Set(endUnix)
 	}
 	m.stormHeld.Set(float64(res.StallStormHeld))
+	// A stopped pass did not judge every task: the gauge keeps the last
+	// whole pass's jobs at risk.
+	if outcome != outcomeCancelled {
+		m.atRisk.set(res.atRiskSeries)
+	}
+	for _, d := range res.reapDelays {
+		m.reapDelay.WithLabelValues(d.typ, d.reason).Observe(d.seconds)
+	}
 	m.scanned.Add(float64(res.Scanned))
 	for reason, n := range res.Skipped {
 		m.skipped.WithLabelValues(reason).Add(float64(n))

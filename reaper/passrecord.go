@@ -33,15 +33,6 @@ type passNotes struct {
 	seen map[string]bool
 }
 
-// atRisk reports whether a job judged with verdict v is at risk of a reap:
-// PROCESSING, past its max_runtime, and idle at least half its stall
-// timeout. The page and the pass record show such jobs before they stall.
-// It is the one place of this rule in the reaper.
-func atRisk(snap *jobs.Snapshot, v Verdict) bool {
-	return snap != nil && snap.Status == jobs.StatusProcessing && v.StallTimeout > 0 &&
-		v.Runtime > v.MaxRuntime && 2*v.Idle >= v.StallTimeout
-}
-
 // note keeps, in a real pass with a pass record, the jobs at risk and the
 // candidates (verdict reap: reaped, held or found changed); a candidate is
 // not also listed at risk.
@@ -56,8 +47,9 @@ func (r *Reaper) note(res *Result, id string, snap *jobs.Snapshot, v Verdict, re
 	if n.seen[id] {
 		return
 	}
-	// A stalled job is a candidate, no longer a warning.
-	risk := atRisk(snap, v) && !v.Reap
+	// A stalled job is a candidate, no longer a warning (AtRisk is false
+	// for a verdict to reap).
+	risk := AtRisk(v)
 	if !risk && !v.Reap {
 		return
 	}

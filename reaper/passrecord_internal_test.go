@@ -11,34 +11,6 @@ import (
 	"github.com/jobreaper/jobreaper/jobs"
 )
 
-// A job is at risk from the moment its idle time reaches half its stall
-// timeout while its runtime is past max_runtime, and only while it is
-// PROCESSING.
-func TestAtRisk(t *testing.T) {
-	t.Parallel()
-	proc := &jobs.Snapshot{ID: "J", Status: jobs.StatusProcessing}
-	v := func(runtime, idle time.Duration) Verdict {
-		return Verdict{Skip: SkipProgressing, Runtime: runtime, Idle: idle, MaxRuntime: 30 * time.Minute, StallTimeout: 10 * time.Minute}
-	}
-	for _, c := range []struct {
-		name string
-		snap *jobs.Snapshot
-		v    Verdict
-		want bool
-	}{
-		{"HalfTheStallTimeoutIdle", proc, v(31*time.Minute, 5*time.Minute), true},
-		{"JustUnderHalf", proc, v(31*time.Minute, 5*time.Minute-time.Microsecond), false},
-		{"AtMaxRuntimeNotPast", proc, v(30*time.Minute, 9*time.Minute), false},
-		{"NotProcessing", &jobs.Snapshot{ID: "J", Status: jobs.StatusQueued}, v(31*time.Minute, 9*time.Minute), false},
-		{"NoRow", nil, v(31*time.Minute, 9*time.Minute), false},
-		{"NoLimits", proc, Verdict{Skip: SkipUnknownType, Runtime: time.Hour, Idle: time.Hour}, false},
-	} {
-		if got := atRisk(c.snap, c.v); got != c.want {
-			t.Errorf("%s: atRisk = %v, want %v", c.name, got, c.want)
-		}
-	}
-}
-
 type recordedPasses struct{ got []pgstore.PassRecord }
 
 func (r *recordedPasses) RecordPass(_ context.Context, p pgstore.PassRecord) error {

@@ -38,6 +38,9 @@ func (r *Reaper) judgeLoaded(ctx context.Context, batch []string, now time.Time,
 		}
 		v := Decide(snap, now, res.rule)
 		r.decided(res, id, snap, v, jobs.ReasonStalled)
+		if AtRisk(v) {
+			res.atRisk(snap.Type, snap.Queue)
+		}
 		if !v.Reap {
 			if stallingSoon(snap, v, now, res.rule, heartbeatInterval(res.rule, r.opts.Interval)) {
 				j.stalling[j.kinds.of(snap.Type, snap.Queue, v.StallTimeout)]++
@@ -132,6 +135,7 @@ func (r *Reaper) reapSetRule(ctx context.Context, stalled []stalledJob, reason s
 			res.Reaped++
 			res.ReapedBy[reason]++
 			res.reapedSeries[reapSeries{reason, labelValue(j.Type), labelValue(queues[j.JobID])}]++
+			res.reapDelays = append(res.reapDelays, delaySample{labelValue(j.Type), reason, reapDelay(ev).Seconds()})
 			r.log.Info("job reaped", "job_id", j.JobID, "type", j.Type, "reason", reason,
 				"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
 				"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)

@@ -97,9 +97,20 @@ type Result struct {
 	// queue set does not sort first among the live leader leases, or
 	// that runs without one).
 	UncoveredQueues map[string]int `json:"uncovered_queues"`
+	// AtRisk counts the active jobs this pass left PROCESSING past their
+	// type's max_runtime with an idle time of at least half their stall
+	// timeout (AtRisk): stall_storm_held jobs included, the lost-task
+	// search's rows not.
+	AtRisk int `json:"at_risk"`
 	// Decisions are a dry run's decisions, one per job looked at; nil in a
 	// real pass.
 	Decisions []Decision `json:"-"`
+	// atRiskSeries counts AtRisk by type and queue, for
+	// jobreaper_jobs_at_risk.
+	atRiskSeries map[kindSeries]int
+	// reapDelays are the reaps' jobreaper_reap_delay_seconds
+	// observations.
+	reapDelays []delaySample
 	// reapedSeries counts reaped jobs by reason, type and queue, for
 	// jobreaper_jobs_reaped_total.
 	reapedSeries map[reapSeries]int

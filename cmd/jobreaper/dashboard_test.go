@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/jobs/jobstest"
@@ -44,6 +45,20 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 	// the per-queue gauge of stale QUEUED jobs has a series too (such
 	// series appear with a queue's first stale job).
 	db.Insert(t, jobstest.Job{ID: unique("Jstale"), Type: "report.export", Status: jobs.StatusQueued, Queue: q, IdleAgo: 2 * time.Hour})
+	// An active job at risk and a stalled one, so that the gauge of jobs
+	// at risk and the reap delay histogram, whose series name a type and
+	// a queue, have one each.
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	// Their queue is another one: q must stay unknown to asynq.
+	active, rdb := unique("dashactive"), realRedis(t)
+	risky, stalled := unique("Jrisky"), unique("Jstalled")
+	db.Insert(t, jobstest.Job{ID: risky, Type: "report.export", Generation: 1, Queue: active, Worker: "w",
+		StartedAgo: jobstest.Ago(45 * time.Minute), IdleAgo: 10 * time.Minute})
+	db.Insert(t, jobstest.Job{ID: stalled, Type: "report.export", Generation: 1, Queue: active, Worker: "w",
+		StartedAgo: jobstest.Ago(45 * time.Minute), IdleAgo: 30 * time.Minute})
+	activeTask(t, risky, active)
+	activeTask(t, stalled, active)
+	t.Cleanup(func() { rdb.Del(context.WithoutCancel(t.Context()), queue.MarkerKey(stalled)) })
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var stdout bytes.Buffer
@@ -51,8 +66,8 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- execute(ctx, []string{"run", "--database-url", db.URL, "--schema", db.Schema,
-			"--redis-url", redisTestURL(), "--queues", q, "--interval", "100ms",
-			"--stall-timeout", "11m", "--start-jitter", "0s", "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)
+			"--redis-url", redisTestURL(), "--queues", q + "," + active, "--interval", "100ms",
+			"--stall-timeout", "15m", "--outage-grace=false", "--start-jitter", "0s", "--metrics-addr", "127.0.0.1:0"}, &stdout, &stderr)
 	}()
 	defer func() {
 		cancel()
@@ -76,7 +91,7 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 	passed := regexp.MustCompile(`(?m)^jobreaper_passes_total\{outcome="ok"\} [1-9]`)
 	jobstest.Eventually(t, "a pass is counted", func() bool {
 		scrape = get(t, "http://"+addr+"/metrics")
-		return passed.MatchString(scrape)
+		return passed.MatchString(scrape) && strings.Contains(scrape, "jobreaper_reap_delay_seconds_count{")
 	})
 	exported := map[string]bool{}
 	for _, line := range strings.Split(scrape, "\n") {
@@ -88,16 +103,32 @@ func TestGrafanaDashboardQueriesAreInADaemonsScrape(t *testing.T) {
 		exported[name] = true
 	}
 	// The workers' panels query what the worker library exports: a
-	// registry with a start guard and a jobs.Store holds it from the start.
+	// registry with a start guard and a jobs.Store holds it from the start,
+	// and the runtime histogram, whose series name a type, from the first
+	// attempt a worker ends.
 	workers := prometheus.NewRegistry()
 	queue.NewGuard(nil, nil, queue.WithRegisterer(workers))
-	jobs.NewStore(nil, jobs.WithRegisterer(workers))
+	store := db.Store(jobs.WithRegisterer(workers))
+	done2 := unique("Jdone")
+	db.Insert(t, jobstest.Job{ID: done2, Type: "report.export", Status: jobs.StatusQueued})
+	lease, err := store.Claim(t.Context(), done2, 0, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CompleteWith(t.Context(), nil, lease, nil); err != nil {
+		t.Fatal(err)
+	}
 	families, err := workers.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
 		exported[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				exported[f.GetName()+suffix] = true
+			}
+		}
 	}
 	for _, name := range used {
 		if !exported[name] {

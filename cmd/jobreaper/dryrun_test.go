@@ -92,3 +92,53 @@ func TestRunOnceDryRun(t *testing.T) {
 	requireExit(t, daemon, exitCannotRun)
 	requireOneLineError(t, daemon, "--dry-run applies to --once only")
 }
+
+// run --once --dry-run --output json marks each decision at_risk or not
+// and counts them in the summary's at_risk; the reasons are unchanged.
+func TestRunOnceDryRunMarksJobsAtRisk(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	rdb := realRedis(t)
+	q := unique("dryrisk")
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	stalled, risky, busy := unique("J-stalled"), unique("J-risky"), unique("J-busy")
+	db.Insert(t, jobstest.Job{ID: stalled, Type: "report.export", Generation: 1, Queue: q, Worker: "w1",
+		StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+	db.Insert(t, jobstest.Job{ID: risky, Type: "report.export", Generation: 1, Queue: q, Worker: "w2",
+		StartedAgo: jobstest.Ago(45 * time.Minute), IdleAgo: 10 * time.Minute})
+	db.Insert(t, jobstest.Job{ID: busy, Type: "report.export", Generation: 1, Queue: q, Worker: "w3",
+		StartedAgo: jobstest.Ago(45 * time.Minute), IdleAgo: 2 * time.Minute})
+	for _, id := range []string{stalled, risky, busy} {
+		activeTask(t, id, q)
+	}
+	t.Cleanup(func() { rdb.Del(t.Context(), queue.MarkerKey(stalled)) })
+
+	r := run(t, onceArgs(db, q, "--dry-run", "--output", "json")...)
+	requireExit(t, r, exitOK)
+	var doc struct {
+		Reaped    int  `json:"reaped"`
+		AtRisk    *int `json:"at_risk"`
+		Decisions []map[string]any
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatalf("stdout is not one JSON document: %v\n%s", err, r.stdout)
+	}
+	if doc.Reaped != 1 || doc.AtRisk == nil || *doc.AtRisk != 1 || len(doc.Decisions) != 3 {
+		t.Fatalf("dry run = %+v:\n%s", doc, r.stdout)
+	}
+	want := map[string]struct {
+		reason string
+		atRisk bool
+	}{stalled: {"stalled", false}, risky: {"progressing", true}, busy: {"progressing", false}}
+	for _, d := range doc.Decisions {
+		w, ok := want[d["job_id"].(string)]
+		if !ok || d["reason"] != w.reason || d["at_risk"] != w.atRisk {
+			t.Errorf("decision %v, want reason %s at_risk %v", d, w.reason, w.atRisk)
+		}
+	}
+	text := run(t, onceArgs(db, q, "--dry-run")...)
+	requireExit(t, text, exitOK)
+	if !strings.Contains(text.stdout, "skip progressing") || !strings.Contains(text.stdout, "(at risk)") || !strings.Contains(text.stdout, "at_risk 1") {
+		t.Fatalf("text output lacks the job at risk:\n%s", text.stdout)
+	}
+}

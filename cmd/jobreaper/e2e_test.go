@@ -158,6 +158,7 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 		UncoveredQueues         map[string]int    `json:"uncovered_queues"`
 		StallStormHeld          int               `json:"stall_storm_held"`
 		StallStormHolds         []json.RawMessage `json:"stall_storm_holds"`
+		AtRisk                  int               `json:"at_risk"`
 	}
 	requireScannedAddsUp(t, stdout.String())
 	requireNoScanMismatch(t, stderr.String())
@@ -171,8 +172,9 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 	}
 	if got.Scanned != 3 || got.Reaped != 1 || got.Errors != 0 || got.Interrupted || got.Panicked || got.Skipped["progressing"] != 1 || got.Skipped["within_limit"] != 1 || len(got.Skipped) != 2 ||
 		got.QueuesNotFound == nil || len(got.QueuesNotFound) != 0 || got.UncoveredQueues == nil || len(got.UncoveredQueues) != 0 ||
-		got.StallStormHeld != 0 || got.StallStormHolds == nil || len(got.StallStormHolds) != 0 {
-		t.Fatalf("summary = %+v, want scanned 3, reaped 1, skipped progressing 1 and within_limit 1, errors 0, queues_not_found [], uncovered_queues {}, no stall-storm hold", got)
+		got.StallStormHeld != 0 || got.StallStormHolds == nil || len(got.StallStormHolds) != 0 || got.AtRisk != 0 {
+		t.Fatalf("summary = %+v, want scanned 3, reaped 1, skipped progressing 1 and within_limit 1, errors 0, queues_not_found [], uncovered_queues {}, no stall-storm hold, "+
+			"none at risk (the progressing job's 2 minutes idle are under half its stall timeout)", got)
 	}
 	if row := db.Read(t, hung); row.Status != jobs.StatusFailed || row.FailureReason != "stalled" || row.Generation != 1 {
 		t.Fatalf("hung job = %+v, want FAILED stalled at generation 1", row)

@@ -154,9 +154,13 @@ func printDryRun(w io.Writer, res reaper.Result, output string) error {
 		if worker == "" {
 			worker = "-"
 		}
-		fmt.Fprintf(&b, "%-4s %-16s job %s type %s queue %s generation %d worker %s: runtime %s of max %s, idle %s of stall timeout %s\n",
+		risk := ""
+		if d.AtRisk {
+			risk = " (at risk)"
+		}
+		fmt.Fprintf(&b, "%-4s %-16s job %s type %s queue %s generation %d worker %s: runtime %s of max %s, idle %s of stall timeout %s%s\n",
 			verb, d.Reason, idcheck.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
-			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds))
+			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds), risk)
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err

@@ -187,7 +187,8 @@ func TestGrafanaDashboardQueriesOnlyExportedMetrics(t *testing.T) {
 		check("variable "+v.Name, v.Definition, m[1:])
 	}
 	for _, name := range []string{"jobreaper_broken_active_entries", "jobreaper_stale_queued_jobs",
-		"jobreaper_redis_eviction_policy_unsafe", "jobreaper_lost_limit_tripped_total"} {
+		"jobreaper_redis_eviction_policy_unsafe", "jobreaper_lost_limit_tripped_total",
+		"jobreaper_jobs_at_risk", "jobreaper_reap_delay_seconds_bucket", "jobreaper_job_runtime_seconds_bucket"} {
 		if !strings.Contains(string(raw), name) {
 			t.Errorf("the dashboard has no panel over %s", name)
 		}

@@ -256,8 +256,14 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := hb.Heartbeat(ctx, lease, 1); err != nil {
-			t.Fatalf("Heartbeat: %v", err)
+		// The heartbeat's one UPDATE also keeps the attempt's longest
+		// progress gap (max_idle_gap), which the worker role may write.
+		db.Exec(t, `UPDATE `+s+`.jobs SET updated_at = now() - interval '3 minutes' WHERE id = $1`, id)
+		if res, err := hb.Heartbeat(ctx, lease, 1); err != nil || !res.Written {
+			t.Fatalf("Heartbeat: %+v, %v", res, err)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.jobs WHERE id = $1 AND max_idle_gap >= interval '3 minutes'`, id); n != 1 {
+			t.Fatal("the worker role's heartbeat did not keep max_idle_gap")
 		}
 		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := store.Advance(ctx, tx, lease, "batch-1", 0, 5)

@@ -69,14 +69,16 @@ With --output json, stdout is exactly one JSON document: the summary
 "lost_limit_tripped":false,"stale_queued":N,"broken_active":N,"markers_restored":N,
 "interrupted":false,"panicked":false,"queues_not_found":[...],"scanned_by":{...},
 "bad_queue_names":N,"markers_held":N,"queues_did_you_mean":{...},"uncovered_queues":{...},
-"stall_storm_held":N,"stall_storm_holds":[...]} (interrupted: a
+"stall_storm_held":N,"stall_storm_holds":[...],"at_risk":N} (interrupted: a
 signal stopped the pass before its end, exit 1; panicked: the pass ended at
 a panic, exit 1; scanned_by: every scanned active task by outcome, adding up
 to scanned; bad_queue_names: queue names no PostgreSQL text or metric label
 can hold, skipped; uncovered_queues: queues asynq knows with stalled jobs that
 neither a live leader lease's queue set nor this run's --queues covers, each
 with its count; stall_storm_held: stalled jobs not reaped because a hold
-holds their queues, each hold in stall_storm_holds), or, when the command
+holds their queues, each hold in stall_storm_holds; at_risk: jobs left
+PROCESSING past max_runtime and idle for at least half their stall
+timeout, with --dry-run also marked in each decision), or, when the command
 could not run once its flags were read (exit 2), {"error":"<message>"} with
 the message also on stderr. --output applies to --once only.
 Logs always go to stderr.
@@ -429,7 +431,7 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	for _, extra := range []struct {
 		name string
 		n    int
-	}{{"markers_restored", res.MarkersRestored}, {"stale_queued", res.StaleQueued}, {"broken_active", res.BrokenActive}} {
+	}{{"markers_restored", res.MarkersRestored}, {"stale_queued", res.StaleQueued}, {"broken_active", res.BrokenActive}, {"at_risk", res.AtRisk}} {
 		if extra.n > 0 {
 			line += fmt.Sprintf(", %s %d", extra.name, extra.n)
 		}

@@ -97,9 +97,12 @@ GRANT SELECT ON :"schema".job_events, :"schema".job_past_lives TO :"worker_role"
 -- Claim, Heartbeat, Advance and SetTotal, Complete, Fail, Release, and the
 -- outcome mapping: the attempt's columns, never type, queue, parent_id,
 -- tenant_id, created_at, marker_set_at or first_generation (the trigger
--- sets that one).
+-- sets that one). max_idle_gap is the attempt's longest progress gap,
+-- kept by the claim, the heartbeat, Advance, Complete and Fail in their
+-- own UPDATE: run this file again after the migration that adds it, or
+-- those writes are refused.
 GRANT UPDATE (status, generation, worker, started_at, updated_at, failure_reason,
-              progress_mark, "cursor", total, finished_at)
+              progress_mark, "cursor", total, finished_at, max_idle_gap)
    ON :"schema".jobs TO :"worker_role";
 -- The claimed, failed, released and late_result_rejected events.
 GRANT INSERT (job_id, kind, generation, worker, detail, at) ON :"schema".job_events TO :"worker_role";

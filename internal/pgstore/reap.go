@@ -140,6 +140,10 @@ type Evidence struct {
 	Idle         time.Duration `json:"-"`
 	MaxRuntime   time.Duration `json:"-"`
 	StallTimeout time.Duration `json:"-"`
+	// MaxIdleGap is the attempt's longest progress gap, the idle time up
+	// to the reap included: the greater of the row's max_idle_gap (kept by
+	// the attempt's writes) and Idle. The reap does not write the column.
+	MaxIdleGap time.Duration `json:"-"`
 	// DBNow is the database's now() of the reap; the marker's 7 days run
 	// from it.
 	DBNow time.Time `json:"db_now"`
@@ -164,8 +168,9 @@ func (e Evidence) detail() ([]byte, error) {
 		IdleSeconds         float64 `json:"idle_seconds"`
 		MaxRuntimeSeconds   float64 `json:"max_runtime_seconds"`
 		StallTimeoutSeconds float64 `json:"stall_timeout_seconds"`
+		MaxIdleGapSeconds   float64 `json:"max_idle_gap_seconds"`
 	}
-	return json.Marshal(seconds{e, e.Runtime.Seconds(), e.Idle.Seconds(), e.MaxRuntime.Seconds(), e.StallTimeout.Seconds()})
+	return json.Marshal(seconds{e, e.Runtime.Seconds(), e.Idle.Seconds(), e.MaxRuntime.Seconds(), e.StallTimeout.Seconds(), e.MaxIdleGap.Seconds()})
 }
 
 // Reap fails one stalled job with the compare-and-set of ReapBatch (one

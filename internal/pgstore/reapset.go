@@ -126,7 +126,8 @@ UPDATE {schema}.jobs j
    AND ` + StallPredicate + `
 RETURNING j.id, j.generation, coalesce(j.worker, ''), j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''),
           j.started_at, j.updated_at, now() - j.started_at, now() - j.updated_at,
-          t.max_runtime, coalesce(t.stall_timeout, @default_stall), now()`
+          t.max_runtime, coalesce(t.stall_timeout, @default_stall), now(),
+          greatest(j.max_idle_gap, now() - j.updated_at)`
 
 // reapEventsSQL appends the reaped events of one batch, in ID order.
 const reapEventsSQL = `
@@ -260,12 +261,14 @@ func scanReaped(row pgx.CollectableRow, reason string) (ReapedJob, error) {
 		r                              ReapedJob
 		parent, tenant                 string
 		runtime, idle, maxRun, stallTO pgtype.Interval
+		gap                            pgtype.Interval
 	)
 	ev := &r.Evidence
 	err := row.Scan(&r.JobID, &ev.Generation, &ev.Worker, &r.Type, &parent, &tenant,
-		&ev.StartedAt, &ev.UpdatedAt, &runtime, &idle, &maxRun, &stallTO, &ev.DBNow)
+		&ev.StartedAt, &ev.UpdatedAt, &runtime, &idle, &maxRun, &stallTO, &ev.DBNow, &gap)
 	ev.Reason = reason
 	ev.Runtime, ev.Idle = pgcore.IntervalDuration(runtime), pgcore.IntervalDuration(idle)
+	ev.MaxIdleGap = pgcore.IntervalDuration(gap)
 	ev.MaxRuntime, ev.StallTimeout = pgcore.IntervalDuration(maxRun), pgcore.IntervalDuration(stallTO)
 	r.parentID, r.tenantID = parent, tenant
 	return r, err
