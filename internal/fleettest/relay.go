@@ -3,10 +3,15 @@ package fleettest
 import (
 	"context"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Relay forwards TCP connections from its own loopback address to a
@@ -30,7 +35,7 @@ type Relay struct {
 func StartRelay(t testing.TB, target string) *Relay {
 	t.Helper()
 	r := &Relay{t: t, target: target, conns: map[net.Conn]bool{}}
-	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	ln, err := listenOutsideEphemeral()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +46,37 @@ func StartRelay(t testing.TB, target string) *Relay {
 		r.wg.Wait()
 	})
 	return r
+}
+
+// listenOutsideEphemeral listens on a free loopback port below the
+// kernel's ephemeral range, falling back to any free port. A relay's port
+// must stay free while it is cut, to be listened on again: a port of the
+// ephemeral range can meanwhile become the local port of any outgoing
+// connection on the machine (a pool's connection to PostgreSQL, say) or of
+// another listener on port 0, and Restore would then fail with "address
+// already in use". Below the range, only another relay picking the same
+// random port could take it.
+func listenOutsideEphemeral() (net.Listener, error) {
+	low := 32768 // Linux's default start of ip_local_port_range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 10000
+	for range 200 {
+		if low <= first {
+			break
+		}
+		port := first + rand.IntN(low-first)
+		ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			return ln, nil
+		}
+	}
+	return (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 }
 
 // RelayURL starts a relay to the server a postgres:// or redis:// URL
@@ -135,7 +171,18 @@ func (r *Relay) Cut() {
 // Restore listens again on the relay's address after a Cut.
 func (r *Relay) Restore() {
 	r.t.Helper()
-	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", r.addr)
+	// The port is below the ephemeral range (listenOutsideEphemeral); a
+	// socket closing on it may still hold it for a moment.
+	var (
+		ln  net.Listener
+		err error
+	)
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(pollEvery) {
+		ln, err = (&net.ListenConfig{}).Listen(context.Background(), "tcp", r.addr)
+		if err == nil || time.Now().After(end) {
+			break
+		}
+	}
 	if err != nil {
 		r.t.Fatalf("listening again on %s: %v", r.addr, err)
 	}
