@@ -23,7 +23,12 @@ func flagProblem(cmd *cobra.Command, err error) string {
 		return msg
 	}
 	if owners := flagOwners(cmd.Root(), name); len(owners) > 0 && cmd.Flags().Lookup(name) == nil {
-		return fmt.Sprintf("%s; --%s belongs to %s, not to %s (write: %s --%s)", msg, name, strings.Join(owners, " and "),
+		if len(owners) > 1 {
+			// Several commands have it: none is the one meant (suggesting
+			// the first could send a reader to a command that writes).
+			return fmt.Sprintf("%s; --%s belongs to %s, not to %s", msg, name, strings.Join(owners, " and "), cmd.CommandPath())
+		}
+		return fmt.Sprintf("%s; --%s belongs to %s, not to %s (write: %s --%s)", msg, name, owners[0],
 			cmd.CommandPath(), owners[0], name)
 	}
 	if near := closestFlag(cmd.Flags(), name); near != "" {

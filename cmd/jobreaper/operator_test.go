@@ -364,6 +364,11 @@ func TestCLIHygiene(t *testing.T) {
 		r := run(t, "prune", "--reason", "q")
 		requireExit(t, r, exitCannotRun)
 		requireOneLineError(t, r, "--reason belongs to jobreaper cancel and jobreaper release-hold and jobreaper requeue, not to jobreaper prune")
+		// Owned by several commands: none is suggested (the first would be
+		// cancel, a command that writes).
+		if strings.Contains(r.stderr, "write:") {
+			t.Fatalf("a flag of several commands suggests one of them: %s", r.stderr)
+		}
 	})
 
 	t.Run("EachHelpListsOnlyItsFlags", func(t *testing.T) {

@@ -32,7 +32,9 @@ type requeueLine struct {
 	// Generation is the job's new generation, or on a refusal the one it
 	// was found at; absent when there is no row.
 	Generation *int64 `json:"generation,omitempty"`
-	Message    string `json:"message,omitempty"`
+	// Message says what was done or why not, in every outcome (the text
+	// line's words after the job ID).
+	Message string `json:"message"`
 }
 
 // Outcomes of one job in requeue's output.
@@ -240,6 +242,8 @@ func (a *app) requeue(ctx context.Context, cfg config.Config, log *slog.Logger, 
 			line.Outcome, line.Message = outcomeError, err.Error()
 		default:
 			line.Outcome = outcomeRequeued
+			line.Message = fmt.Sprintf("%s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one",
+				line.FromStatus, *line.Generation, line.TaskState, line.Queue)
 			log.Info("job requeued", "job_id", id, "queue", done.Queue, "from_status", done.FromStatus,
 				"task_state", done.TaskState, "generation", done.Generation, "replaced_waiting", done.ReplacedWaiting, "reason", run.reason)
 		}
@@ -336,8 +340,7 @@ func printRequeueLine(a *app, line requeueLine, output string) error {
 	id := idcheck.QuoteID(line.JobID)
 	switch line.Outcome {
 	case outcomeRequeued:
-		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s -> QUEUED at generation %d; its %s task in queue %q was replaced by a new one\n",
-			id, line.FromStatus, *line.Generation, line.TaskState, line.Queue)
+		_, err = fmt.Fprintf(a.stdout, "requeued %s: %s\n", id, line.Message)
 	case outcomeRefused:
 		_, err = fmt.Fprintf(a.stdout, "refused %s: %s; nothing changed\n", id, line.Message)
 	default:

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -91,7 +92,8 @@ func TestRequeue_ReapedJobRunsAgainToCompletionThroughTheGuard(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &line); err != nil || strings.Count(r.stdout, "\n") != 1 {
 		t.Fatalf("stdout %q is not one JSON line (%v)", r.stdout, err)
 	}
-	want := requeueLine{JobID: id, Outcome: outcomeRequeued, Queue: f.q, FromStatus: jobs.StatusFailed, TaskState: "archived"}
+	want := requeueLine{JobID: id, Outcome: outcomeRequeued, Queue: f.q, FromStatus: jobs.StatusFailed, TaskState: "archived",
+		Message: fmt.Sprintf("FAILED -> QUEUED at generation 2; its archived task in queue %q was replaced by a new one", f.q)}
 	if gen := line.Generation; gen == nil || *gen != 2 {
 		t.Fatalf("line's generation = %v, want 2", gen)
 	}

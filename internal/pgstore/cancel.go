@@ -66,7 +66,7 @@ type CancelResult struct {
 func CheckOperatorReason(text string) error {
 	switch {
 	case strings.TrimSpace(text) == "":
-		return fmt.Errorf("the reason is empty: say why, it is recorded in the job's event: %w", pgcore.ErrInvalidArgument)
+		return fmt.Errorf("the reason is empty: say why: %w", pgcore.ErrInvalidArgument)
 	case len(text) > MaxOperatorReasonLength:
 		return fmt.Errorf("the reason is %d bytes, more than %d: %w", len(text), MaxOperatorReasonLength, pgcore.ErrInvalidArgument)
 	case strings.ContainsRune(text, 0) || !utf8.ValidString(text):
