@@ -153,8 +153,8 @@ func (a *app) pruneCmd() *cobra.Command {
 		Long: `prune deletes the job_events and job_batches rows of jobs that finished
 (COMPLETED or FAILED) before the database's now() minus --older-than, in
 batches of at most 10,000 rows, and prints the counts. It never deletes jobs
-rows: they are the product's. Each run that deletes is recorded as one row
-of prune_runs (when, --older-than, the cutoff, the counts per table,
+rows: they are the product's. Each run (also one that deleted nothing;
+not a dry run) is recorded as one row of prune_runs (when, --older-than, the cutoff, the counts per table,
 whether it ran to its end, who ran it). --older-than takes Go durations
 plus a day suffix (8d, 720h, 10d12h) and must be at least 8 days: a reaped
 job's marker lives 7 days in Redis, and the job keeps its whole history
