@@ -57,6 +57,8 @@ type scaleWorld struct {
 	ids    []string
 	store  *pgstore.Store
 	reaper *reaper.Reaper
+	// srv is the live asynq server of the queues.
+	srv *asynq.Server
 }
 
 // newScaleWorld builds n active tasks over scaleQueues queues with a
@@ -106,7 +108,7 @@ SELECT 'done-' || lpad(i::text, 8, '0'), 'bench.task', CASE WHEN i % 20 = 0 THEN
 			b.Fatal(err)
 		}
 	}
-	w.serve(b)
+	w.srv = w.serve(b)
 	w.store = w.db.Daemon(pgstore.WithCascades(cascades))
 	w.reaper = w.newReaper(b)
 	return w
@@ -136,7 +138,7 @@ func (w *scaleWorld) newReaper(b *testing.B) *reaper.Reaper {
 // database) and counts the missing status reader as an error. Its tasks'
 // leases run 24 hours (queuetest.MakeActive), so its recoverer leaves them
 // alone, and it has nothing pending to run.
-func (w *scaleWorld) serve(b *testing.B) {
+func (w *scaleWorld) serve(b *testing.B) *asynq.Server {
 	b.Helper()
 	weights := map[string]int{}
 	for _, q := range w.queues {
@@ -156,7 +158,7 @@ func (w *scaleWorld) serve(b *testing.B) {
 	for {
 		servers, err := insp.Servers()
 		if err == nil && slices.ContainsFunc(servers, func(s *asynq.ServerInfo) bool { return s.Queues[w.queues[0]] > 0 }) {
-			return
+			return srv
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("the asynq server of the benchmark's queues is not listed as live after 30 s (%v)", err)
