@@ -175,6 +175,16 @@ func ScanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 	if err != nil {
 		return sn, err
 	}
+	finishSnapshot(&sn, started)
+	if known {
+		sn.Limits = newLimits(maxRun, stall, hardTO, auto)
+	}
+	return sn, nil
+}
+
+// finishSnapshot sets sn's UpdatedAt, StartedAt and Unreadable from the
+// timestamps as read (sn.updatedKey and started).
+func finishSnapshot(sn *Snapshot, started pgtype.Timestamptz) {
 	if sn.updatedKey.InfinityModifier == pgtype.Finite {
 		sn.UpdatedAt = sn.updatedKey.Time
 	} else {
@@ -188,17 +198,101 @@ func ScanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 		t := started.Time
 		sn.StartedAt = &t
 	}
-	if known {
-		sn.Limits = &Limits{
-			MaxRuntime:     IntervalDuration(maxRun),
-			StallTimeout:   OptionalDuration(stall),
-			HardTimeout:    OptionalDuration(hardTO),
-			AutoComplete:   auto,
-			exact:          true,
-			maxRuntimeUs:   IntervalMicros(maxRun),
-			stallTimeoutUs: optionalMicros(stall),
-			hardTimeoutUs:  optionalMicros(hardTO),
+}
+
+// newLimits builds the Limits of a job_types row as read.
+func newLimits(maxRun, stall, hardTO pgtype.Interval, auto bool) *Limits {
+	return &Limits{
+		MaxRuntime:     IntervalDuration(maxRun),
+		StallTimeout:   OptionalDuration(stall),
+		HardTimeout:    OptionalDuration(hardTO),
+		AutoComplete:   auto,
+		exact:          true,
+		maxRuntimeUs:   IntervalMicros(maxRun),
+		stallTimeoutUs: optionalMicros(stall),
+		hardTimeoutUs:  optionalMicros(hardTO),
+	}
+}
+
+// internMax bounds the distinct strings one SnapshotScanner interns; past
+// it, new values are allocated per row as ScanSnapshot does.
+const internMax = 4096
+
+// SnapshotScanner reads many rows of SnapshotColumns, one at a time, into
+// Snapshots equal to ScanSnapshot's, for the loads of thousands of rows a
+// pass makes. It allocates less per row: one set of scan targets serves
+// every row (ScanSnapshot's escape to the heap on each call), the
+// strings many rows repeat (type, status, worker, queue, failure reason)
+// are allocated once per scanner, and the rows of one type whose
+// job_types values are the same share one Limits, built once (with
+// LimitsCache every row built its own first). A SnapshotScanner is not
+// safe for concurrent use; use one per query.
+type SnapshotScanner struct {
+	id, typ, status, worker, queue, parent, reason pgtype.DriverBytes
+	generation, firstGeneration                    int64
+	started, updated                               pgtype.Timestamptz
+	known, auto                                    bool
+	maxRun, stall, hardTO                          pgtype.Interval
+	dest                                           []any
+	strs                                           map[string]string
+	limits                                         map[string]scannedLimits
+}
+
+// scannedLimits is a job_types row as read and the Limits built from it.
+type scannedLimits struct {
+	maxRun, stall, hardTO pgtype.Interval
+	auto                  bool
+	limits                *Limits
+}
+
+// NewSnapshotScanner returns a SnapshotScanner.
+func NewSnapshotScanner() *SnapshotScanner {
+	sc := &SnapshotScanner{strs: map[string]string{}, limits: map[string]scannedLimits{}}
+	sc.dest = []any{&sc.id, &sc.typ, &sc.status, &sc.generation, &sc.worker, &sc.queue,
+		&sc.parent, &sc.started, &sc.updated, &sc.reason,
+		&sc.known, &sc.maxRun, &sc.stall, &sc.hardTO, &sc.auto, &sc.firstGeneration}
+	return sc
+}
+
+// intern returns b as a string, the same string for the same bytes while
+// the scanner holds fewer than internMax of them.
+func (sc *SnapshotScanner) intern(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if s, ok := sc.strs[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(sc.strs) < internMax {
+		sc.strs[s] = s
+	}
+	return s
+}
+
+// Scan reads the current row of rows (after rows.Next returned true), as
+// ScanSnapshot does: an infinite started_at or updated_at does not fail
+// the row, Snapshot.Unreadable says which. It returns the driver's scan
+// error.
+func (sc *SnapshotScanner) Scan(rows pgx.Rows) (Snapshot, error) {
+	sc.started, sc.maxRun, sc.stall, sc.hardTO = pgtype.Timestamptz{}, pgtype.Interval{}, pgtype.Interval{}, pgtype.Interval{}
+	if err := rows.Scan(sc.dest...); err != nil {
+		return Snapshot{}, err
+	}
+	sn := Snapshot{
+		ID: string(sc.id), Type: sc.intern(sc.typ), Status: sc.intern(sc.status), Generation: sc.generation,
+		FirstGeneration: sc.firstGeneration, Worker: sc.intern(sc.worker), Queue: sc.intern(sc.queue),
+		ParentID: string(sc.parent), FailureReason: sc.intern(sc.reason), updatedKey: sc.updated,
+	}
+	finishSnapshot(&sn, sc.started)
+	if sc.known {
+		have, ok := sc.limits[sn.Type]
+		if !ok || have.maxRun != sc.maxRun || have.stall != sc.stall || have.hardTO != sc.hardTO || have.auto != sc.auto {
+			have = scannedLimits{maxRun: sc.maxRun, stall: sc.stall, hardTO: sc.hardTO, auto: sc.auto,
+				limits: newLimits(sc.maxRun, sc.stall, sc.hardTO, sc.auto)}
+			sc.limits[sn.Type] = have
 		}
+		sn.Limits = have.limits
 	}
 	return sn, nil
 }
