@@ -18,7 +18,8 @@ func (a *app) migrateCmd() *cobra.Command {
 		Use:   "migrate",
 		Short: "Create or update jobreaper's tables in --schema (idempotent; contacts only PostgreSQL)",
 		Long: `migrate creates the schema named by --schema if it is missing and applies every
-pending migration (job_types, jobs, job_events, job_batches). Running it again
+pending migration (the tables docs/schema.md lists: job_types, jobs,
+job_events, job_batches and the daemon's own). Running it again
 applies nothing. Concurrent runs against one schema wait for each other.
 It contacts only PostgreSQL, and prints the versions it applied.
 
