@@ -152,6 +152,9 @@ func shadowedErrors(src Sources, origins Origins, env map[string]any) []error {
 // readFile reads the YAML file at path: its top-level mapping and the line
 // of each of its keys.
 func readFile(path string) (map[string]any, map[string]int, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return nil, nil, fmt.Errorf("config file %s is a directory: name the YAML file in it with --config or %s", path, EnvConfigFile)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		var pathErr *fs.PathError

@@ -588,3 +588,14 @@ func TestQueuesAreTrimmedAlikeInEveryCommaSeparatedSource(t *testing.T) {
 		}
 	}
 }
+
+// A directory given as the config file is named as such, not blamed on
+// its permissions.
+func TestLoadSaysAConfigDirectoryIsADirectory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, err := Load(Sources{File: dir})
+	if err == nil || !strings.Contains(err.Error(), "is a directory") || strings.Contains(err.Error(), "permissions") {
+		t.Fatalf("Load(directory) = %v, want an error saying it is a directory", err)
+	}
+}

@@ -152,7 +152,7 @@ could not run.`,
 	cmd.Flags().Lookup("queues").Usage = "with --stale or --failed-since: the queues whose jobs are requeued, comma-separated; empty: every queue"
 	cmd.Flags().StringVar(&reason, "reason", "", "why the jobs are run again, recorded in each job's requeued event (required)")
 	cmd.Flags().BoolVar(&stale, "stale", false, "requeue the stale QUEUED jobs: older than --stale-after, whose task asynq will never run")
-	cmd.Flags().DurationVar(&staleAfter, "stale-after", config.StaleQueuedAfterDefault, "with --stale: how long a job must have been QUEUED (default: the stale_queued_after setting)")
+	cmd.Flags().DurationVar(&staleAfter, "stale-after", config.StaleQueuedAfterDefault, "with --stale: how long a job must have been QUEUED; when not given, the stale_queued_after setting, whose own default is this")
 	cmd.Flags().BoolVar(&replaceWaiting, "replace-waiting", false,
 		"requeue a FAILED job whose task waits in pending, scheduled or retry by deleting that task, instead of refusing it until asynq archives it")
 	cmd.Flags().StringVar(&failedSince, "failed-since", "", "requeue the FAILED jobs that failed since this RFC 3339 time or duration ago (2h)")

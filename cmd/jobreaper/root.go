@@ -111,8 +111,8 @@ JOBREAPER_STALL_TIMEOUT), and the flags below. Durations use Go syntax:
 
 Exit codes: 0 done (run --once: a clean pass); 1 run --once: the pass had
 errors or panicked, the mass-loss limit held its lost_task reaps back, a
-stall-storm hold is on for its queues, or a signal stopped it before its
-end; requeue, cancel: a job was refused or failed; inspect: no such job;
+stall-storm hold is on for its queues, it held marker writes
+(markers_held), or a signal stopped it before its end; requeue, cancel: a job was refused or failed; inspect: no such job;
 prune: refused or stopped; release-hold: no hold was in effect; 2 could not
 run; 3 run (the daemon): 3 passes in a row panicked, so it released its
 leader lease and stopped to be restarted. docs/operating.md, "Exit codes", has

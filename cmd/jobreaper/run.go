@@ -117,7 +117,7 @@ is still honoured: release-hold ends it.`,
 		},
 	}
 	config.RegisterFlags(cmd.Flags())
-	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean, 1 errors or a panic, 2 could not run)")
+	cmd.Flags().BoolVar(&once, "once", false, "run one pass, print its summary and exit (0 clean; 1 errors, a panic, held marker writes, a stall-storm hold, the lost-task limit or an interruption; 2 could not run)")
 	cmd.Flags().StringVar(&output, "output", outputText,
 		`format of the --once summary on stdout: text or json (json: one document, {"error":"..."} when it could not run)`)
 	mode.register(cmd)
