@@ -61,7 +61,7 @@ var badCLICases = []badCLICase{
 	{"FileWithAKeyWithoutValue", withFile("interval:\n"), exitCannotRun, []string{"interval has no value"}},
 	{"FileThatIsADirectory", func(db *jobstest.DB, dir string) []string {
 		return []string{"run", "--once", "--config", dir, "--database-url", db.URL}
-	}, exitCannotRun, []string{"cannot be read"}},
+	}, exitCannotRun, []string{"is a directory"}},
 	{"FileThatDoesNotExist", func(db *jobstest.DB, dir string) []string {
 		return []string{"run", "--once", "--config", filepath.Join(dir, "nope.yaml"), "--database-url", db.URL}
 	}, exitCannotRun, []string{"does not exist"}},
