@@ -67,9 +67,16 @@ func (g *Guard) checkDeadline(ctx context.Context, log *slog.Logger, lease jobs.
 	if _, warned := g.warnedTypes.LoadOrStore(lease.Type, true); warned {
 		return
 	}
+	fix := "enqueue through queue.Enqueue (it passes the type's hard_timeout) or give the task a Timeout and Deadline above max_runtime + stall timeout"
+	if from == "guard" {
+		// The stall timeout is the guard's default (15 minutes unless
+		// queue.WithStallTimeout gave the daemon's): often the cause when
+		// the daemon runs a shorter one.
+		fix = "give the guard the daemon's stall_timeout (queue.WithStallTimeout) if it differs from the one used here, " +
+			"or raise the type's hard_timeout (queue.Enqueue passes it as the task's Timeout) above max_runtime + stall timeout"
+	}
 	log.WarnContext(ctx, "task's deadline ends before the reaper could judge its attempt stalled: asynq cancels the handler at the deadline "+
-		"whatever its progress; enqueue through queue.Enqueue (it passes the type's hard_timeout) or give the task a Timeout and "+
-		"Deadline above max_runtime + stall timeout (warned once per type)",
+		"whatever its progress; "+fix+" (warned once per type)",
 		"reason", "short_deadline", "type", lease.Type, "max_runtime", lease.MaxRuntime, "stall_timeout", stall,
-		"stall_timeout_from", from, "deadline", deadline, "time_left", left.Round(time.Millisecond))
+		"stall_timeout_from", from, "deadline", deadline, "time_left", left.Round(time.Millisecond), "lease_generation", lease.Generation)
 }
