@@ -465,7 +465,7 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	for _, h := range res.StallStormHolds {
 		what := fmt.Sprintf("stall-storm hold %d", h.ID)
 		if h.Started {
-			what = "stall-storm hold started"
+			what = fmt.Sprintf("stall-storm hold %d started", h.ID)
 			if h.ID == 0 {
 				what = "stall-storm hold (a real pass would start it)"
 			}
