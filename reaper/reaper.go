@@ -114,6 +114,14 @@ type Options struct {
 	// handler of each reaped job, stalled or lost, after its batch's
 	// markers are written (cancel on reap, B30).
 	Canceller Canceller
+	// RetryCanceller publishes the cancels of retry-reaped stalled jobs'
+	// handlers, whatever cancel on reap says (the retry needs the worker
+	// slot); default Canceller.
+	RetryCanceller Canceller
+	// Replacer replaces the archived or completed task of a retry-reaped
+	// job (a lost one at its reap, any one a later pass finds stranded).
+	// Without it such a job's task is not replaced (an error of the pass).
+	Replacer TaskReplacer
 	// LoadBatch is how many task IDs one load of rows names (default
 	// pgstore.LoadBatchSize); a pass holds one batch of rows at a time, and a
 	// batch that fails to load costs only its own tasks.
@@ -178,6 +186,7 @@ type Reaper struct {
 	reassert reassertState
 	lost     lostState
 	stale    staleState
+	retry    retryState
 	badNames badQueueNames
 
 	// uncovered is what the last uncovered-queue check reported.
@@ -353,6 +362,9 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	// Stalled rows of the listed queues whose task is not active; a batch
 	// that failed to load above does not stop it.
 	r.reapLost(ctx, listed, ids, noLease, live, now, &res)
+	// What retry reaps started and asynq stranded: replaced, cancelled
+	// again, or failed.
+	r.finishRetries(ctx, listed, live, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
 	// Queues asynq knows that no live leader lease's queue set covers,

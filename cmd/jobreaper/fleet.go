@@ -92,6 +92,13 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l lead
 	if m.cancelOnReap && !m.dryRun {
 		opts.Canceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
 	}
+	if !m.dryRun {
+		// A retry reap cancels the running handler whatever cancel on reap
+		// says (the retry needs its worker slot), and replaces a lost job's
+		// archived or completed task.
+		opts.RetryCanceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
+		opts.Replacer = asynqstate.NewRetryReplacer(rdb, store)
+	}
 	return nil
 }
 

@@ -54,8 +54,10 @@ GRANT SELECT ON :"schema".job_types TO :"reaper_role", :"worker_role";
 -- grant on some column).
 GRANT SELECT ON :"schema".jobs TO :"reaper_role";
 -- The reap: status FAILED, its reason and finish time, the marker not yet
--- written; after the marker write (and its repair), marker_set_at.
-GRANT UPDATE (status, failure_reason, finished_at, marker_set_at)
+-- written; after the marker write (and its repair), marker_set_at. A retry
+-- reap (job_types.reap_retries): status QUEUED, the generation raised,
+-- reap_count + 1, finished_at cleared.
+GRANT UPDATE (status, failure_reason, finished_at, marker_set_at, generation, reap_count)
    ON :"schema".jobs TO :"reaper_role";
 -- The reaped event of each reap (id is a bigserial).
 GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"reaper_role";
