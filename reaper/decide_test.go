@@ -265,7 +265,9 @@ func TestDecideJudgesTheRuleInWholeMicroseconds(t *testing.T) {
 
 func TestDecideRetry(t *testing.T) {
 	t.Parallel()
-	budget := func(count, retries int) pgcore.ReapBudget { return pgcore.ReapBudget{Count: count, Retries: retries, Delay: time.Minute} }
+	budget := func(count, retries int) pgcore.ReapBudget {
+		return pgcore.ReapBudget{Count: count, Retries: retries, Delay: time.Minute}
+	}
 	for _, c := range []struct {
 		name   string
 		b      pgcore.ReapBudget

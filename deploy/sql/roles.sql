@@ -61,6 +61,9 @@ GRANT UPDATE (status, failure_reason, finished_at, marker_set_at, generation, re
    ON :"schema".jobs TO :"reaper_role";
 -- The reaped event of each reap (id is a bigserial).
 GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"reaper_role";
+-- Later passes recognise a retry-reaped QUEUED row by its latest reaped
+-- event (a retry, at the generation below the row's).
+GRANT SELECT (id, job_id, kind, generation, at, detail) ON :"schema".job_events TO :"reaper_role";
 GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
 -- The leader lease of its queue set: take or renew it (INSERT ... ON
 -- CONFLICT DO UPDATE), check it before each reap's COMMIT (SELECT ... FOR
