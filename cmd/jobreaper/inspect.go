@@ -15,6 +15,7 @@ import (
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -34,32 +35,36 @@ const taskStateUnknown = "unknown"
 // inspectDoc is the JSON form of `jobreaper inspect --output json`. Times
 // are the database's; durations are seconds.
 type inspectDoc struct {
-	JobID           string                `json:"job_id"`
-	Status          string                `json:"status"`
-	Type            string                `json:"type"`
-	Queue           string                `json:"queue"`
-	FailureReason   string                `json:"failure_reason"`
-	Generation      int64                 `json:"generation"`
-	FirstGeneration int64                 `json:"first_generation"`
-	Worker          string                `json:"worker"`
-	ParentID        string                `json:"parent_id"`
-	TenantID        string                `json:"tenant_id"`
-	Limits          *limitsDoc            `json:"limits"`
-	DBNow           time.Time             `json:"db_now"`
-	CreatedAt       time.Time             `json:"created_at"`
-	StartedAt       *time.Time            `json:"started_at"`
-	UpdatedAt       time.Time             `json:"updated_at"`
-	FinishedAt      *time.Time            `json:"finished_at"`
-	RuntimeSeconds  *float64              `json:"runtime_seconds"`
-	IdleSeconds     float64               `json:"idle_seconds"`
-	Cursor          int64                 `json:"cursor"`
-	Total           *int64                `json:"total"`
-	Batches         batchesDoc            `json:"batches"`
-	EventCount      int64                 `json:"event_count"`
-	Events          []pgstore.EventRecord `json:"events"`
-	MarkerSetAt     *time.Time            `json:"marker_set_at"`
-	Marker          markerDoc             `json:"marker"`
-	TaskState       string                `json:"task_state"`
+	JobID           string     `json:"job_id"`
+	Status          string     `json:"status"`
+	Type            string     `json:"type"`
+	Queue           string     `json:"queue"`
+	FailureReason   string     `json:"failure_reason"`
+	Generation      int64      `json:"generation"`
+	FirstGeneration int64      `json:"first_generation"`
+	Worker          string     `json:"worker"`
+	ParentID        string     `json:"parent_id"`
+	TenantID        string     `json:"tenant_id"`
+	Limits          *limitsDoc `json:"limits"`
+	// ReapCount is the retry reaps of the job's current life, ReapRetries
+	// its type's budget (job_types.reap_retries; 0 without a job_types row).
+	ReapCount      int                   `json:"reap_count"`
+	ReapRetries    int                   `json:"reap_retries"`
+	DBNow          time.Time             `json:"db_now"`
+	CreatedAt      time.Time             `json:"created_at"`
+	StartedAt      *time.Time            `json:"started_at"`
+	UpdatedAt      time.Time             `json:"updated_at"`
+	FinishedAt     *time.Time            `json:"finished_at"`
+	RuntimeSeconds *float64              `json:"runtime_seconds"`
+	IdleSeconds    float64               `json:"idle_seconds"`
+	Cursor         int64                 `json:"cursor"`
+	Total          *int64                `json:"total"`
+	Batches        batchesDoc            `json:"batches"`
+	EventCount     int64                 `json:"event_count"`
+	Events         []pgstore.EventRecord `json:"events"`
+	MarkerSetAt    *time.Time            `json:"marker_set_at"`
+	Marker         markerDoc             `json:"marker"`
+	TaskState      string                `json:"task_state"`
 	// TaskTimeoutSeconds and TaskDeadline are the asynq task's Timeout and
 	// Deadline, as the producer enqueued it (asynq cancels a handler at the
 	// earlier of the two); null when the task has none, or asynq does not
@@ -75,6 +80,9 @@ type limitsDoc struct {
 	StallTimeoutSeconds *float64 `json:"stall_timeout_seconds"`
 	HardTimeoutSeconds  *float64 `json:"hard_timeout_seconds"`
 	AutoComplete        bool     `json:"auto_complete"`
+	ReapRetries         int      `json:"reap_retries"`
+	// ReapRetryDelaySeconds is job_types.reap_retry_delay.
+	ReapRetryDelaySeconds float64 `json:"reap_retry_delay_seconds"`
 }
 
 type batchesDoc struct {
@@ -189,9 +197,12 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		s := rec.Runtime.Seconds()
 		doc.RuntimeSeconds = &s
 	}
+	budget := pgcore.BudgetOf(rec.Snapshot)
+	doc.ReapCount, doc.ReapRetries = budget.Count, budget.Retries
 	if l := rec.Limits; l != nil {
 		doc.Limits = &limitsDoc{MaxRuntimeSeconds: l.MaxRuntime.Seconds(), StallTimeoutSeconds: seconds(l.StallTimeout),
-			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete}
+			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete,
+			ReapRetries: budget.Retries, ReapRetryDelaySeconds: budget.Delay.Seconds()}
 	}
 	if redisErr != nil {
 		doc.Marker.Error = oneLine(redisErr.Error())
@@ -282,6 +293,7 @@ func printInspect(w io.Writer, doc inspectDoc) error {
 	line("runtime", "%s (database clock %s)", dur(doc.RuntimeSeconds, "not started"), doc.DBNow.UTC().Format(time.RFC3339))
 	line("idle", "%s", dur(&doc.IdleSeconds, ""))
 	line("generation", "%d (this life started at %d)", doc.Generation, doc.FirstGeneration)
+	line("reap retries", "reap_count %d of reap_retries %d in this life", doc.ReapCount, doc.ReapRetries)
 	line("worker", "%s", orNone(doc.Worker))
 	total := "none"
 	if doc.Total != nil {
