@@ -246,7 +246,48 @@ func (r *Reaper) finishRetries(ctx context.Context, listed []string, live *liveS
 			}
 		}
 	}
-	r.failImpossible(ctx, gone, live, res)
+	r.failImpossible(ctx, r.stillGone(ctx, gone, live.state, res), live, res)
+}
+
+// RetryGoneRecheck is how long a pass waits before it looks a
+// retry-reaped job's missing task up again, before failing the job: another
+// replica (or this one's reap a moment ago) may be between the delete and
+// the enqueue of a replacement, which takes a few milliseconds; the wait
+// is a hundred times that.
+const RetryGoneRecheck = 500 * time.Millisecond
+
+// stillGone returns those of gone whose task asynq still does not hold
+// after RetryGoneRecheck; nil when the pass is stopped or the look-up fails
+// (an error of the pass).
+func (r *Reaper) stillGone(ctx context.Context, gone []pgstore.RetryPending, state AsynqState, res *Result) []pgstore.RetryPending {
+	if len(gone) == 0 {
+		return nil
+	}
+	// Real time, not Options.Clock: the wait is for another process's
+	// Redis writes.
+	timer := time.NewTimer(RetryGoneRecheck)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-timer.C:
+	}
+	refs := make([]asynqstate.TaskRef, len(gone))
+	for i, p := range gone {
+		refs[i] = asynqstate.TaskRef{Queue: p.Queue, ID: p.JobID}
+	}
+	statuses, err := state.TaskStatuses(ctx, refs)
+	if err != nil {
+		r.failed(ctx, res, stageList, "looking up the missing tasks of retry-reaped jobs again failed; retried next pass", "jobs", len(refs), "err", err)
+		return nil
+	}
+	var out []pgstore.RetryPending
+	for i, p := range gone {
+		if st := statuses[i]; st == asynqstate.TaskNotFound || st == asynqstate.TaskQueueNotFound {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // failImpossible fails retry-reaped jobs whose task is gone, those of
