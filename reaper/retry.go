@@ -216,13 +216,13 @@ func (r *Reaper) finishRetries(ctx context.Context, listed []string, live *liveS
 		return
 	}
 	var (
-		cancel []string
+		active []pgstore.RetryPending
 		gone   []pgstore.RetryPending
 	)
 	for i, p := range pending {
 		switch statuses[i] {
 		case asynqstate.TaskActive:
-			cancel = append(cancel, p.JobID)
+			active = append(active, p)
 		case asynqstate.TaskArchived, asynqstate.TaskCompleted:
 			replaced, isGone := r.replaceTask(ctx, p.JobID, p.Queue, p.Type, RetryDelay(p.RetryDelay, p.ReapCount), res)
 			if replaced {
@@ -233,6 +233,18 @@ func (r *Reaper) finishRetries(ctx context.Context, listed []string, live *liveS
 		case asynqstate.TaskNotFound, asynqstate.TaskQueueNotFound:
 			gone = append(gone, p)
 		}
+	}
+	if len(active) == 0 && len(gone) == 0 {
+		return
+	}
+	// Looked at again a moment later: a delivery asynq just made is
+	// claimed by the start guard within milliseconds (its cancel would
+	// kill the retry itself), and another replica may be between the
+	// delete and the enqueue of a replacement.
+	active, gone = r.recheckRetries(ctx, active, gone, live.state, res)
+	cancel := make([]string, len(active))
+	for i, p := range active {
+		cancel[i] = p.JobID
 	}
 	if len(cancel) > 0 {
 		if c := r.retryCanceller(); c != nil {
@@ -246,48 +258,61 @@ func (r *Reaper) finishRetries(ctx context.Context, listed []string, live *liveS
 			}
 		}
 	}
-	r.failImpossible(ctx, r.stillGone(ctx, gone, live.state, res), live, res)
+	r.failImpossible(ctx, gone, live, res)
 }
 
-// RetryGoneRecheck is how long a pass waits before it looks a
-// retry-reaped job's missing task up again, before failing the job: another
-// replica (or this one's reap a moment ago) may be between the delete and
-// the enqueue of a replacement, which takes a few milliseconds; the wait
-// is a hundred times that.
-const RetryGoneRecheck = 500 * time.Millisecond
+// RetryRecheck is how long a pass waits before it looks a retry-reaped
+// job's task up again, before cancelling it again (still active) or
+// failing the job (still missing): the start guard claims a delivery
+// within milliseconds, and another replica's delete and enqueue of a
+// replacement take as long; the wait is a hundred times that.
+const RetryRecheck = 500 * time.Millisecond
 
-// stillGone returns those of gone whose task asynq still does not hold
-// after RetryGoneRecheck; nil when the pass is stopped or the look-up fails
-// (an error of the pass).
-func (r *Reaper) stillGone(ctx context.Context, gone []pgstore.RetryPending, state AsynqState, res *Result) []pgstore.RetryPending {
-	if len(gone) == 0 {
-		return nil
-	}
-	// Real time, not Options.Clock: the wait is for another process's
-	// Redis writes.
-	timer := time.NewTimer(RetryGoneRecheck)
+// recheckRetries waits RetryRecheck and returns those of active whose task
+// is still active while their row is still QUEUED at the generation read
+// (the hung attempt's, not a new delivery's), and those of gone whose task
+// asynq still does not hold. Both are nil when the pass is stopped or a
+// look-up fails (an error of the pass).
+func (r *Reaper) recheckRetries(ctx context.Context, active, gone []pgstore.RetryPending, state AsynqState, res *Result) (stillActive, stillGone []pgstore.RetryPending) {
+	// Real time, not Options.Clock: the wait is for other processes'
+	// writes.
+	timer := time.NewTimer(RetryRecheck)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return nil
+		return nil, nil
 	case <-timer.C:
 	}
-	refs := make([]asynqstate.TaskRef, len(gone))
-	for i, p := range gone {
+	all := append(append([]pgstore.RetryPending(nil), active...), gone...)
+	refs := make([]asynqstate.TaskRef, len(all))
+	ids := make([]string, len(all))
+	for i, p := range all {
 		refs[i] = asynqstate.TaskRef{Queue: p.Queue, ID: p.JobID}
+		ids[i] = p.JobID
 	}
 	statuses, err := state.TaskStatuses(ctx, refs)
 	if err != nil {
-		r.failed(ctx, res, stageList, "looking up the missing tasks of retry-reaped jobs again failed; retried next pass", "jobs", len(refs), "err", err)
-		return nil
+		r.failed(ctx, res, stageList, "looking up the tasks of retry-reaped jobs again failed; retried next pass", "jobs", len(refs), "err", err)
+		return nil, nil
 	}
-	var out []pgstore.RetryPending
-	for i, p := range gone {
-		if st := statuses[i]; st == asynqstate.TaskNotFound || st == asynqstate.TaskQueueNotFound {
-			out = append(out, p)
+	rows, err := r.store.LoadForTasks(ctx, ids)
+	if err != nil {
+		r.failed(ctx, res, stageLoad, "reading retry-reaped jobs again failed; retried next pass", "jobs", len(ids), "err", err)
+		return nil, nil
+	}
+	for i, p := range all {
+		row, ok := rows[p.JobID]
+		if !ok || row.Status != jobs.StatusQueued || row.Generation != p.Generation {
+			continue // claimed, requeued or ended meanwhile
+		}
+		switch st := statuses[i]; {
+		case i < len(active) && st == asynqstate.TaskActive:
+			stillActive = append(stillActive, p)
+		case i >= len(active) && (st == asynqstate.TaskNotFound || st == asynqstate.TaskQueueNotFound):
+			stillGone = append(stillGone, p)
 		}
 	}
-	return out
+	return stillActive, stillGone
 }
 
 // failImpossible fails retry-reaped jobs whose task is gone, those of

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobreaper/jobreaper/internal/failpoint"
+	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
 )
 
@@ -48,7 +49,9 @@ func NewRetryReplacer(rdb redis.UniversalClient, store queue.EnqueueStore) *Retr
 //
 // Errors: ErrTaskGone when asynq holds no task (nothing changed);
 // ErrReplaceRefused wrapped with the task's state when it waits or runs,
-// or its type is not typ (nothing changed); a wrapped Redis error naming
+// or its type is not typ (nothing changed), or, after the delete, when
+// another replica enqueued the replacement first or the job ended
+// meanwhile; a wrapped Redis error naming
 // the step otherwise: after the delete, the job's task is gone until the
 // enqueue succeeds (a later pass fails the job as reap_retry_impossible).
 func (r *RetryReplacer) Replace(ctx context.Context, jobID, q, typ string, processIn time.Duration) error {
@@ -69,8 +72,16 @@ func (r *RetryReplacer) Replace(ctx context.Context, jobID, q, typ string, proce
 		return fmt.Errorf("asynqstate.RetryReplacer: job %s: deleting its %s task: %w", jobID, info.State, err)
 	}
 	failpoint.Inject("retry-replace-after-delete") // test builds only: the task deleted, none enqueued
-	if _, err := queue.Enqueue(ctx, r.client, r.store, asynq.NewTask(info.Type, info.Payload), jobID,
-		asynq.MaxRetry(info.MaxRetry), asynq.ProcessIn(processIn)); err != nil {
+	_, err = queue.Enqueue(ctx, r.client, r.store, asynq.NewTask(info.Type, info.Payload), jobID,
+		asynq.MaxRetry(info.MaxRetry), asynq.ProcessIn(processIn))
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		// Another replica replaced it between this delete and enqueue.
+		return fmt.Errorf("job %s in queue %q: %w: another replica enqueued its replacement first", jobID, q, ErrReplaceRefused)
+	case errors.Is(err, jobs.ErrJobTerminal):
+		return fmt.Errorf("job %s in queue %q: %w: the job ended meanwhile: %w", jobID, q, ErrReplaceRefused, err)
+	}
+	if err != nil {
 		return fmt.Errorf("asynqstate.RetryReplacer: job %s: its %s task was deleted but the new one could not be enqueued: %w", jobID, info.State, err)
 	}
 	return nil
