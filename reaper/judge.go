@@ -38,9 +38,10 @@ func (k kinds) of(typ, queue string, stall time.Duration) *jobKind {
 
 // stalledJob is what a pass keeps of a stalled job between its judging
 // and its reap: what the reap's compare-and-set repeats (ID, generation,
-// updated_at) and what the stall-storm hold needs (kind). It is 40 bytes:
-// a pass that finds 100,000 active jobs stalled keeps 4 MB of them, the ID
-// strings shared with the pass's ID list.
+// updated_at), what the stall-storm hold needs (kind) and whether the reap
+// is a retry (plan). It is 48 bytes: a pass that finds 100,000 active jobs
+// stalled keeps 5 MB of them, the ID strings shared with the pass's ID
+// list.
 type stalledJob struct {
 	id         string
 	generation int64

@@ -331,3 +331,29 @@ func (d *droppingCanceller) Cancel(ctx context.Context, ids []string) (int, erro
 	}
 	return d.next.Cancel(ctx, ids)
 }
+
+// The mass-loss limit counts retry reaps like reaps: two lost jobs whose
+// tasks asynq archived, of a type with budget left, are more than
+// max_lost_per_pass 1, so neither is retried.
+func TestRetryReap_MassLossLimitCountsRetries(t *testing.T) {
+	t.Parallel()
+	o := newOwnRedis(t)
+	o.db.Exec(t, `UPDATE job_types SET reap_retries = 1 WHERE name = 'report.export'`)
+	serve(t, o.rc, []string{"q"}, func(context.Context, *asynq.Task) error { return nil }, asynq.Config{})
+	waitLive(t, o.rc, "q")
+	stalledRows(t, o.db, "q", time.Hour, "L1", "L2")
+	archived(t, o.rc, "q", "L1")
+	archived(t, o.rc, "q", "L2")
+	r := o.lostReaper(t, o.rc, func(opts *reaper.Options) {
+		opts.Queues = []string{"q"}
+		opts.MaxLostPerPass = 1
+		opts.Replacer = asynqstate.NewRetryReplacer(o.rc, o.db.Daemon())
+	})
+	res, _ := runOnce(t, t.Context(), r)
+	if !res.LostLimitTripped || res.Reaped != 0 || res.RetriedBy[jobs.ReasonLostTask] != 0 {
+		t.Fatalf("pass = %+v, want the limit tripped and nothing retried", res)
+	}
+	if n := o.db.Count(t, `SELECT count(*) FROM jobs WHERE status = 'PROCESSING' AND generation = 1`); n != 2 {
+		t.Fatalf("%d of 2 rows untouched", n)
+	}
+}
