@@ -57,8 +57,8 @@ func TestReliabilityRace_RetryReaps(t *testing.T) {
 		OnFailed:    []string{`INSERT INTO cascade_log VALUES (@job_id, 'failed')`},
 		OnCompleted: []string{`INSERT INTO cascade_log VALUES (@job_id, 'completed')`},
 	}}
-	pool := connect(t, db, 40)
-	store := jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithCascades(cascades), jobs.WithEventsDB(connect(t, db, 8)))
+	pool := connect(t, db, 16)
+	store := jobs.NewStore(pool, jobs.WithSchema(db.Schema), jobs.WithCascades(cascades), jobs.WithEventsDB(connect(t, db, 4)))
 	if err := store.PrepareCascades(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestReliabilityRace_RetryReaps(t *testing.T) {
 		}
 	})
 	srv := asynq.NewServerFromRedisClient(rc, asynq.Config{
-		Queues: map[string]int{"rq": 1}, Concurrency: 40, ShutdownTimeout: time.Second, LogLevel: asynq.FatalLevel,
+		Queues: map[string]int{"rq": 1}, Concurrency: 20, ShutdownTimeout: time.Second, LogLevel: asynq.FatalLevel,
 		IsFailure:      queue.IsFailure,
 		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 20 * time.Millisecond },
 	})
