@@ -81,6 +81,20 @@ var raceChecks = []raceCheck{
   job_id, new_gen, at, old_started, old_updated, $2::interval)
   FROM w WHERE kind = 'reaped'
    AND (new_reason <> 'stalled' OR old_started IS NULL OR at - old_started <= interval '1 microsecond' OR at - old_updated < $2::interval)`},
+	// The retry budget: at most reap_retries retry reaps in a life, and
+	// at most reap_retries + 1 reaps in a life since its last requeue
+	// (a requeue keeps the count but may be reaped again).
+	{name: "more_retry_reaps_than_the_budget", sql: `SELECT format('%s has %s retry reaps in this life, reap_retries %s', j.id, n, t.reap_retries)
+  FROM jobs j JOIN job_types t ON t.name = j.type
+       CROSS JOIN LATERAL (SELECT count(*) AS n FROM job_events e WHERE e.job_id = j.id AND e.kind = 'reaped'
+                              AND e.generation >= j.first_generation AND e.detail->>'retry' = 'true') e
+ WHERE j.id = ANY($1) AND n > t.reap_retries`},
+	{name: "more_reaps_per_life_than_the_budget_allows", sql: `SELECT format('%s has %s reaps in this life since its last requeue, reap_retries %s', j.id, n, t.reap_retries)
+  FROM jobs j JOIN job_types t ON t.name = j.type
+       CROSS JOIN LATERAL (SELECT count(*) AS n FROM job_events e WHERE e.job_id = j.id AND e.kind = 'reaped'
+                              AND e.generation >= greatest(j.first_generation,
+                                    (SELECT max(r.generation) FROM job_events r WHERE r.job_id = j.id AND r.kind = 'requeued'))) e
+ WHERE j.id = ANY($1) AND n > t.reap_retries + 1`},
 	{name: "reaped_events_of_one_generation", sql: `SELECT format('%s generation %s has %s reaped events', job_id, generation, count(*))
   FROM job_events WHERE job_id = ANY($1) AND kind = 'reaped' GROUP BY job_id, generation HAVING count(*) <> 1`},
 

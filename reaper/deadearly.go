@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
@@ -164,6 +165,7 @@ func (r *Reaper) reapDeadEarly(ctx context.Context, listed, active []string, noL
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var lost []jobs.Snapshot
+	tasks := map[string]asynqstate.TaskStatus{} // each reaped job's task, for its retry decision
 	for ctx.Err() == nil {
 		cands, err := r.store.ListDeadEarlyCandidates(ctx, pgstore.DeadEarlyCandidatesParams{
 			Queues: listed, Rule: res.rule, Limit: pgstore.DeadEarlyLimitDefault, After: st.cursor,
@@ -172,7 +174,7 @@ func (r *Reaper) reapDeadEarly(ctx context.Context, listed, active []string, noL
 			r.failed(ctx, res, stageLoad, "looking for dead attempts of reap_dead_early types failed; retried next pass", "err", err)
 			return
 		}
-		page, ok := r.judgeDeadEarly(ctx, ds, cands, active, noLease, live, now, res)
+		page, ok := r.judgeDeadEarly(ctx, ds, cands, active, noLease, live, now, tasks, res)
 		if !ok {
 			return
 		}
@@ -197,13 +199,14 @@ func (r *Reaper) reapDeadEarly(ctx context.Context, listed, active []string, noL
 			"they are reaped by the full rule at max_runtime, or by a pass with --max-lost-per-pass 0", "found", len(lost), "max_lost_per_pass", max)
 		return
 	}
-	r.reapSetRule(ctx, keepAll(lost), jobs.ReasonLostTask, true, res)
+	r.reapSetRule(ctx, keepAll(lost, tasks), jobs.ReasonLostTask, true, res)
 }
 
-// judgeDeadEarly returns the candidates DecideDeadEarly reaps. It returns
+// judgeDeadEarly returns the candidates DecideDeadEarly reaps, recording
+// each one's task status in tasks (for its retry decision). It returns
 // false when asynq could not be read (an error of the pass).
 func (r *Reaper) judgeDeadEarly(ctx context.Context, ds DeadEarlyState, cands []jobs.Snapshot, active []string, noLease map[string]bool,
-	live *liveServers, now time.Time, res *Result) ([]jobs.Snapshot, bool) {
+	live *liveServers, now time.Time, tasks map[string]asynqstate.TaskStatus, res *Result) ([]jobs.Snapshot, bool) {
 	activeSet := make(map[string]bool, len(active))
 	for _, id := range active {
 		activeSet[id] = true
@@ -241,7 +244,8 @@ func (r *Reaper) judgeDeadEarly(ctx context.Context, ds DeadEarlyState, cands []
 		}
 		r.log.Info("dead attempt: its worker left asynq's registry and its task's lease expired; reaped before max_runtime",
 			"job_id", sn.ID, "queue", sn.Queue, "worker", sn.Worker, "task_status", ends[i].Status, "runtime", v.Verdict.Runtime, "idle", v.Verdict.Idle)
-		r.decided(res, sn.ID, &sn, v.Verdict, jobs.ReasonLostTask)
+		tasks[sn.ID] = ends[i].Status
+		r.decidedReap(res, &sn, v.Verdict, jobs.ReasonLostTask, DecideRetry(pgcore.BudgetOf(sn), jobs.ReasonLostTask, ends[i].Status))
 		lost = append(lost, sn)
 	}
 	return lost, true

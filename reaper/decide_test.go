@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
@@ -265,4 +266,44 @@ func TestDecideJudgesTheRuleInWholeMicroseconds(t *testing.T) {
 			t.Fatalf("Decide = %+v, want reap: the stall timeout equals the minimum PostgreSQL compares with", v)
 		}
 	})
+}
+
+func TestDecideRetry(t *testing.T) {
+	t.Parallel()
+	budget := func(count, retries int) pgcore.ReapBudget {
+		return pgcore.ReapBudget{Count: count, Retries: retries, Delay: time.Minute}
+	}
+	for _, c := range []struct {
+		name   string
+		b      pgcore.ReapBudget
+		reason string
+		task   asynqstate.TaskStatus
+		want   reaper.RetryPlan
+	}{
+		{"StalledWithBudgetLeft", budget(0, 1), jobs.ReasonStalled, asynqstate.TaskActive, reaper.PlanRetry},
+		{"StalledWithItsLastRetry", budget(1, 2), jobs.ReasonStalled, asynqstate.TaskActive, reaper.PlanRetry},
+		{"StalledWithTheBudgetSpent", budget(2, 2), jobs.ReasonStalled, asynqstate.TaskActive, reaper.PlanFail},
+		{"StalledWithoutABudget", budget(0, 0), jobs.ReasonStalled, asynqstate.TaskActive, reaper.PlanFail},
+		{"LostArchived", budget(0, 1), jobs.ReasonLostTask, asynqstate.TaskArchived, reaper.PlanRetry},
+		{"LostCompleted", budget(0, 1), jobs.ReasonLostTask, asynqstate.TaskCompleted, reaper.PlanRetry},
+		{"LostGone", budget(0, 1), jobs.ReasonLostTask, asynqstate.TaskNotFound, reaper.PlanRetryImpossible},
+		{"LostQueueForgotten", budget(0, 1), jobs.ReasonLostTask, asynqstate.TaskQueueNotFound, reaper.PlanRetryImpossible},
+		{"LostGoneWithTheBudgetSpent", budget(1, 1), jobs.ReasonLostTask, asynqstate.TaskNotFound, reaper.PlanFail},
+	} {
+		if got := reaper.DecideRetry(c.b, c.reason, c.task); got != c.want {
+			t.Errorf("%s: DecideRetry = %d, want %d", c.name, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		delay time.Duration
+		count int
+		want  time.Duration
+	}{
+		{time.Minute, 1, time.Minute}, {time.Minute, 2, 2 * time.Minute}, {time.Minute, 4, 8 * time.Minute},
+		{0, 3, 0}, {jobs.MaxDuration / 2, 3, jobs.MaxDuration},
+	} {
+		if got := reaper.RetryDelay(c.delay, c.count); got != c.want {
+			t.Errorf("RetryDelay(%v, %d) = %v, want %v", c.delay, c.count, got, c.want)
+		}
+	}
 }

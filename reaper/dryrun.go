@@ -1,6 +1,9 @@
 package reaper
 
-import "github.com/jobreaper/jobreaper/jobs"
+import (
+	"github.com/jobreaper/jobreaper/internal/pgcore"
+	"github.com/jobreaper/jobreaper/jobs"
+)
 
 // Decision values of a dry run's decisions.
 const (
@@ -29,6 +32,11 @@ type Decision struct {
 	// AtRisk: the job is left alone at risk of a reap soon (AtRisk), as
 	// jobreaper_jobs_at_risk counts it; false for a reap decision.
 	AtRisk bool `json:"at_risk"`
+	// Retry is, for a reap that would be a retry reap, which retry of the
+	// life it would be (reap_count + 1); 0 for a reap that fails the job
+	// and for a skip. Retries is the type's reap_retries (0 when unknown).
+	Retry   int `json:"retry"`
+	Retries int `json:"retries"`
 }
 
 // decided records a decision on job id in a dry run; a real pass records
@@ -65,8 +73,18 @@ func decision(id string, snap *jobs.Snapshot, v Verdict, reapReason string) Deci
 	}
 	if snap != nil {
 		d.Type, d.Queue, d.Generation, d.Worker = snap.Type, snap.Queue, snap.Generation, snap.Worker
+		d.Retries = pgcore.BudgetOf(*snap).Retries
 	}
 	return d
+}
+
+// decidedReap records, in a dry run, a reap verdict acted on with reason
+// and plan: a retry reap records which retry of the life it would be.
+func (r *Reaper) decidedReap(res *Result, snap *jobs.Snapshot, v Verdict, reason string, plan RetryPlan) {
+	r.decided(res, snap.ID, snap, v, reason) // a real pass notes it for the pass record
+	if r.opts.DryRun && plan == PlanRetry {
+		res.Decisions[res.decided[snap.ID]].Retry = pgcore.BudgetOf(*snap).Count + 1
+	}
 }
 
 // skipped returns v as a skip for reason, keeping its measurements: a
@@ -82,7 +100,12 @@ func (r *Reaper) wouldReap(stalled []stalledJob, reason string, res *Result) {
 	for _, sn := range stalled {
 		res.Reaped++
 		res.ReapedBy[reason]++
-		res.reapedSeries[reapSeries{reason, labelValue(sn.kind.typ), labelValue(sn.kind.queue)}]++
+		series := reapSeries{reason, labelValue(sn.kind.typ), labelValue(sn.kind.queue)}
+		res.reapedSeries[series]++
+		if sn.plan == PlanRetry {
+			res.RetriedBy[reason]++
+			res.retriedSeries[series]++
+		}
 	}
 }
 

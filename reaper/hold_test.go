@@ -425,3 +425,22 @@ func TestStallStorm_EachQueueSetDrainsItsOwnQueues(t *testing.T) {
 		t.Fatal("the first hold is not drained once both queues were")
 	}
 }
+
+// Retry reaps count like reaps in the storm check: 20 stalled jobs of a
+// type with reap_retries = 1, all of the active tasks judged, are held,
+// not retried; the hold records them all and none is put back to QUEUED.
+func TestStallStorm_RetryReapsCountLikeReaps(t *testing.T) {
+	t.Parallel()
+	w := newStormWorld(t)
+	w.db.Exec(t, `UPDATE job_types SET reap_retries = 1 WHERE name = 'report.export'`)
+	q := w.queue(t, "retrystorm")
+	ids := w.stalled(t, q, "report.export", "s", 20)
+	r, _ := w.reaper(t, []string{q}, stormLimits)
+	res, err := runOnce(t, t.Context(), r)
+	if err != nil || res.Reaped != 0 || res.RetriedBy[jobs.ReasonStalled] != 0 || res.StallStormHeld != 20 {
+		t.Fatalf("pass = %+v, %v; want the 20 retry reaps held as a storm", res, err)
+	}
+	if n := w.countStatus(t, ids, jobs.StatusProcessing); n != 20 {
+		t.Fatalf("%d of 20 still PROCESSING, want all", n)
+	}
+}

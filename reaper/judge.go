@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
@@ -36,9 +38,10 @@ func (k kinds) of(typ, queue string, stall time.Duration) *jobKind {
 
 // stalledJob is what a pass keeps of a stalled job between its judging
 // and its reap: what the reap's compare-and-set repeats (ID, generation,
-// updated_at) and what the stall-storm hold needs (kind). It is 40 bytes:
-// a pass that finds 100,000 active jobs stalled keeps 4 MB of them, the ID
-// strings shared with the pass's ID list.
+// updated_at), what the stall-storm hold needs (kind) and whether the reap
+// is a retry (plan). It is 48 bytes: a pass that finds 100,000 active jobs
+// stalled keeps 5 MB of them, the ID strings shared with the pass's ID
+// list.
 type stalledJob struct {
 	id         string
 	generation int64
@@ -46,6 +49,8 @@ type stalledJob struct {
 	// keeps of it.
 	updatedUs int64
 	kind      *jobKind
+	// plan is DecideRetry's answer for the job's reap.
+	plan RetryPlan
 }
 
 // updatedAt returns the job's updated_at as read.
@@ -58,19 +63,23 @@ func queueOf(snap *jobs.Snapshot) string {
 	return cmp.Or(snap.Queue, pgstore.QueueDefault)
 }
 
-// keep returns what the pass keeps of snap, stalled with verdict v.
+// keep returns what the pass keeps of snap, stalled with verdict v (its
+// task active).
 func (k kinds) keep(snap *jobs.Snapshot, v Verdict) stalledJob {
 	return stalledJob{id: snap.ID, generation: snap.Generation, updatedUs: snap.UpdatedAt.UnixMicro(),
-		kind: k.of(snap.Type, snap.Queue, v.StallTimeout)}
+		kind: k.of(snap.Type, snap.Queue, v.StallTimeout),
+		plan: DecideRetry(pgcore.BudgetOf(*snap), jobs.ReasonStalled, asynqstate.TaskActive)}
 }
 
-// keepAll returns what a reap needs of snaps (lost tasks), sorted by ID.
-func keepAll(snaps []jobs.Snapshot) []stalledJob {
+// keepAll returns what a reap needs of snaps (lost tasks, whose tasks
+// asynq holds as tasks says), sorted by ID.
+func keepAll(snaps []jobs.Snapshot, tasks map[string]asynqstate.TaskStatus) []stalledJob {
 	k := kinds{}
 	out := make([]stalledJob, len(snaps))
 	for i := range snaps {
 		out[i] = stalledJob{id: snaps[i].ID, generation: snaps[i].Generation, updatedUs: snaps[i].UpdatedAt.UnixMicro(),
-			kind: k.of(snaps[i].Type, snaps[i].Queue, 0)}
+			kind: k.of(snaps[i].Type, snaps[i].Queue, 0),
+			plan: DecideRetry(pgcore.BudgetOf(snaps[i]), jobs.ReasonLostTask, tasks[snaps[i].ID])}
 	}
 	sortStalled(out)
 	return out

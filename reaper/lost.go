@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 )
@@ -100,7 +101,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 			r.failed(ctx, res, stageLoad, "looking for lost tasks failed; retried next pass", "err", err)
 			return
 		}
-		lost, ok := r.judgeLost(ctx, state, cands, live, noLease, now, held, r.opts.MaxLostPerPass <= 0, res)
+		lost, tasks, ok := r.judgeLost(ctx, state, cands, live, noLease, now, held, r.opts.MaxLostPerPass <= 0, res)
 		if !ok {
 			return
 		}
@@ -109,7 +110,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 			st.cursor = pgstore.LostCursor{UpdatedAt: last.UpdatedAt, ID: last.ID}
 		}
 		if r.opts.MaxLostPerPass <= 0 {
-			r.reapSet(ctx, keepAll(lost), jobs.ReasonLostTask, res)
+			r.reapSet(ctx, keepAll(lost, tasks), jobs.ReasonLostTask, res)
 		} else if !st.over {
 			st.found = append(st.found, lost...)
 			if len(st.found) > r.opts.MaxLostPerPass {
@@ -135,7 +136,7 @@ func (r *Reaper) reapLost(ctx context.Context, listed, active []string, noLease 
 // so that a job is logged once, not once when found and again before its
 // reap.
 func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.Snapshot, live *liveServers,
-	noLease map[string]bool, now time.Time, held map[string][]string, final bool, res *Result) ([]jobs.Snapshot, bool) {
+	noLease map[string]bool, now time.Time, held map[string][]string, final bool, res *Result) ([]jobs.Snapshot, map[string]asynqstate.TaskStatus, bool) {
 	var (
 		judged   []jobs.Snapshot
 		verdicts []Verdict
@@ -157,7 +158,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 		verdicts = append(verdicts, v)
 	}
 	if len(judged) == 0 {
-		return nil, true
+		return nil, nil, true
 	}
 	refs := make([]asynqstate.TaskRef, len(judged))
 	for i, sn := range judged {
@@ -166,9 +167,10 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 	statuses, err := state.TaskStatuses(ctx, refs)
 	if err != nil {
 		r.failed(ctx, res, stageList, "looking up the tasks of stalled jobs failed; they are left alone this pass", "jobs", len(refs), "err", err)
-		return nil, false
+		return nil, nil, false
 	}
 	var lost []jobs.Snapshot
+	tasks := map[string]asynqstate.TaskStatus{}
 	for i, snap := range judged {
 		st := statuses[i]
 		if st == asynqstate.TaskActive && !noLease[snap.ID] {
@@ -182,7 +184,7 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 		}
 		servers, ok := r.liveQueues(ctx, live, res, "no lost task is judged this pass")
 		if !ok {
-			return nil, false
+			return nil, nil, false
 		}
 		switch {
 		case !servers[snap.Queue]:
@@ -193,11 +195,15 @@ func (r *Reaper) judgeLost(ctx context.Context, state AsynqState, cands []jobs.S
 			if final {
 				r.log.Info("stalled job's task will never run again", "job_id", snap.ID, "queue", snap.Queue, "task_status", st)
 			}
-			r.decided(res, snap.ID, &snap, verdicts[i], jobs.ReasonLostTask)
+			if noLease[snap.ID] {
+				st = asynqstate.TaskNotFound // its broken active entry cannot be replaced
+			}
+			tasks[snap.ID] = st
+			r.decidedReap(res, &snap, verdicts[i], jobs.ReasonLostTask, DecideRetry(pgcore.BudgetOf(snap), jobs.ReasonLostTask, st))
 			lost = append(lost, snap)
 		}
 	}
-	return lost, true
+	return lost, tasks, true
 }
 
 // endCycle ends a cycle over the lost-task candidates: the cursor goes
@@ -227,11 +233,11 @@ func (r *Reaper) endCycle(ctx context.Context, live *liveServers, noLease map[st
 	if len(found) == 0 {
 		return
 	}
-	lost, ok := r.judgeLost(ctx, live.state, found, live, noLease, now, map[string][]string{}, true, res)
+	lost, tasks, ok := r.judgeLost(ctx, live.state, found, live, noLease, now, map[string][]string{}, true, res)
 	if !ok {
 		return
 	}
-	r.reapSet(ctx, keepAll(lost), jobs.ReasonLostTask, res)
+	r.reapSet(ctx, keepAll(lost, tasks), jobs.ReasonLostTask, res)
 }
 
 // liveServers reads the queues live asynq servers serve (asynq's server

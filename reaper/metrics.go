@@ -12,6 +12,8 @@ type Metrics struct {
 	passes        *prometheus.CounterVec
 	scanned       prometheus.Counter
 	reaped        *prometheus.CounterVec
+	retried       *prometheus.CounterVec
+	retryFinished *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	markersFailed prometheus.Counter
@@ -65,6 +67,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "jobreaper_jobs_reaped_total",
 			Help: "Jobs failed by the reaper, by failure reason (stalled, lost_task), job type and queue. The reason series with empty type and queue exist at 0 from the start; a type/queue pair appears at its first reap.",
 		}, []string{"reason", "type", "queue"}),
+		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_jobs_retried_after_reap_total",
+			Help: "Reaps that were retries (the job put back to QUEUED to run again within its type's reap_retries), by reason (stalled, lost_task), job type and queue; each is counted in jobreaper_jobs_reaped_total too.",
+		}, []string{"reason", "type", "queue"}),
+		retryFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jobreaper_reap_retries_finished_total",
+			Help: "Retry-reaped jobs asynq had stranded that a later pass finished, by action: reenqueued (task archived or completed, replaced), cancel_resent (still active, cancelled again), failed_impossible (no task, failed with reap_retry_impossible).",
+		}, []string{"action"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jobreaper_jobs_skipped_total",
 			Help: "Listed tasks the reaper left alone, by skip reason.",
@@ -117,11 +127,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
 		m.reaped.WithLabelValues(reason, "", "")
+		m.retried.WithLabelValues(reason, "", "")
 	}
 	for _, reason := range []SkipReason{SkipNoRow, SkipNotProcessing, SkipBadRow, SkipNoStartTime, SkipUnknownType, SkipBadLimits,
 		SkipWithinLimit, SkipProgressing, SkipNoJobID, SkipBadJobID, SkipChangedSinceRead, SkipAwaitingRetry, SkipQueueNotFound,
 		SkipLostHeld, SkipNoQueue, SkipOutageGrace, SkipStallStormHeld} {
 		m.skipped.WithLabelValues(string(reason))
+	}
+	for _, a := range []string{RetryReenqueued, RetryCancelResent, RetryFailedImpossible} {
+		m.retryFinished.WithLabelValues(a)
 	}
 	for _, cause := range []string{causeWriteFailed, causeLost} {
 		m.markersFixed.WithLabelValues(cause)
@@ -135,7 +149,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"the lesser of its idle time beyond the stall timeout (counted from the last outage end) and its runtime beyond max_runtime.",
 		Buckets: reapDelayBuckets,
 	}, []string{"type", "reason"})
-	reg.MustRegister(m.passes, m.scanned, m.reaped, m.skipped, m.errors, m.markersFailed, m.markersFixed,
+	reg.MustRegister(m.passes, m.scanned, m.reaped, m.retried, m.retryFinished, m.skipped, m.errors, m.markersFailed, m.markersFixed,
 		m.queueNotFound, m.badQueues, m.duration, m.lastSuccess, m.stallStorms, m.stormHeld, m.atRisk, m.reapDelay)
 	return m
 }
@@ -206,6 +220,14 @@ func (m *Metrics) pass(res Result, seconds float64, outcome string, endUnix floa
 	}
 	for k, n := range res.reapedSeries {
 		m.reaped.WithLabelValues(k.reason, k.typ, k.queue).Add(float64(n))
+	}
+	for k, n := range res.retriedSeries {
+		m.retried.WithLabelValues(k.reason, k.typ, k.queue).Add(float64(n))
+	}
+	for a, n := range res.RetriesFinished {
+		if n > 0 {
+			m.retryFinished.WithLabelValues(a).Add(float64(n))
+		}
 	}
 }
 

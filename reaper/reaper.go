@@ -118,6 +118,14 @@ type Options struct {
 	// handler of each reaped job, stalled or lost, after its batch's
 	// markers are written (cancel on reap, B30).
 	Canceller Canceller
+	// RetryCanceller publishes the cancels of retry-reaped stalled jobs'
+	// handlers, whatever cancel on reap says (the retry needs the worker
+	// slot); default Canceller.
+	RetryCanceller Canceller
+	// Replacer replaces the archived or completed task of a retry-reaped
+	// job (a lost one at its reap, any one a later pass finds stranded).
+	// Without it such a job's task is not replaced (an error of the pass).
+	Replacer TaskReplacer
 	// LoadBatch is how many task IDs one load of rows names (default
 	// pgstore.LoadBatchSize); a pass holds one batch of rows at a time, and a
 	// batch that fails to load costs only its own tasks.
@@ -184,6 +192,7 @@ type Reaper struct {
 	// deadEarly is the dead-early search's cursor.
 	deadEarly deadEarlyState
 	stale     staleState
+	retry     retryState
 	badNames  badQueueNames
 
 	// uncovered is what the last uncovered-queue check reported.
@@ -365,6 +374,9 @@ func (r *Reaper) pass(ctx context.Context) (Result, error) {
 	// Dead attempts of types that opted into reap_dead_early, before
 	// their max_runtime.
 	r.reapDeadEarly(ctx, listed, ids, noLease, live, now, &res)
+	// What retry reaps started and asynq stranded: replaced, cancelled
+	// again, or failed.
+	r.finishRetries(ctx, listed, live, &res)
 	// QUEUED jobs asynq will never run: reported, never changed.
 	r.reportStaleQueued(ctx, &res)
 	// Queues asynq knows that no live leader lease's queue set covers,

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -37,7 +38,11 @@ func (r *Reaper) judgeLoaded(ctx context.Context, batch []string, now time.Time,
 			j.judged[""]++
 		}
 		v := Decide(snap, now, res.rule)
-		r.decided(res, id, snap, v, jobs.ReasonStalled)
+		if v.Reap {
+			r.decidedReap(res, snap, v, jobs.ReasonStalled, DecideRetry(pgcore.BudgetOf(*snap), jobs.ReasonStalled, asynqstate.TaskActive))
+		} else {
+			r.decided(res, id, snap, v, jobs.ReasonStalled)
+		}
 		if AtRisk(v) {
 			res.atRisk(snap.Type, snap.Queue)
 		}
@@ -96,7 +101,8 @@ func (r *Reaper) reapSetRule(ctx context.Context, stalled []stalledJob, reason s
 		cands := make([]pgstore.ReapCandidate, len(batch))
 		queues := make(map[string]string, len(batch))
 		for i, sn := range batch {
-			cands[i] = pgstore.ReapCandidate{JobID: sn.id, Generation: sn.generation, UpdatedAt: sn.updatedAt()}
+			cands[i] = pgstore.ReapCandidate{JobID: sn.id, Generation: sn.generation, UpdatedAt: sn.updatedAt(),
+				Retry: sn.plan == PlanRetry, RetryImpossible: sn.plan == PlanRetryImpossible}
 			queues[sn.id] = sn.kind.queue
 		}
 		out, err := r.store.ReapBatch(ctx, pgstore.ReapBatchParams{Candidates: cands, Reason: reason, Rule: res.rule, DeadEarly: deadEarly})
@@ -130,18 +136,29 @@ func (r *Reaper) reapSetRule(ctx context.Context, stalled []stalledJob, reason s
 		}
 		scanned(string(SkipChangedSinceRead), len(out.Changed))
 		scanned(jobs.ReasonStalled, len(out.Reaped))
+		var failed, retried []pgstore.ReapedJob
 		for _, j := range out.Reaped {
 			ev := j.Evidence
 			res.Reaped++
 			res.ReapedBy[reason]++
-			res.reapedSeries[reapSeries{reason, labelValue(j.Type), labelValue(queues[j.JobID])}]++
+			series := reapSeries{reason, labelValue(j.Type), labelValue(queues[j.JobID])}
+			res.reapedSeries[series]++
 			res.reapDelays = append(res.reapDelays, delaySample{labelValue(j.Type), reason, reapDelay(ev).Seconds()})
-			r.log.Info("job reaped", "job_id", j.JobID, "type", j.Type, "reason", reason,
+			if j.Retry {
+				retried = append(retried, j)
+				res.RetriedBy[reason]++
+				res.retriedSeries[series]++
+			} else {
+				failed = append(failed, j)
+			}
+			r.log.Info("job reaped", "job_id", j.JobID, "type", j.Type, "reason", reason, "retry", j.Retry,
+				"reap_count", ev.ReapCount, "reap_retries", ev.ReapRetries, "reap_retry_impossible", ev.ReapRetryImpossible,
 				"generation", ev.Generation, "worker", ev.Worker, "runtime", ev.Runtime, "idle", ev.Idle,
 				"max_runtime", ev.MaxRuntime, "stall_timeout", ev.StallTimeout)
 		}
-		r.setMarkers(ctx, out.Reaped, res)
-		r.cancelHandlers(ctx, out.Reaped)
+		r.setMarkers(ctx, failed, res)
+		r.cancelHandlers(ctx, failed)
+		r.afterRetries(ctx, retried, reason, queues, res)
 	}
 	return complete && ctx.Err() == nil
 }

@@ -26,6 +26,13 @@ type Result struct {
 	Errors int `json:"errors"`
 	// ReapedBy counts reaped jobs by failure reason: stalled, lost_task.
 	ReapedBy map[string]int `json:"reaped_by"`
+	// RetriedBy counts, by reason (stalled, lost_task), the reaps that
+	// were retries (the job put back to QUEUED to run again); each is
+	// counted in Reaped and ReapedBy too.
+	RetriedBy map[string]int `json:"retried_by"`
+	// RetriesFinished counts what the pass did to retry-reaped jobs asynq
+	// had stranded: reenqueued, cancel_resent, failed_impossible.
+	RetriesFinished map[string]int `json:"retries_finished"`
 	// LostLimitTripped is true when the cycle over the lost-task
 	// candidates that ended this pass would have reaped more than
 	// MaxLostPerPass jobs, so it reaped none.
@@ -114,6 +121,9 @@ type Result struct {
 	// reapedSeries counts reaped jobs by reason, type and queue, for
 	// jobreaper_jobs_reaped_total.
 	reapedSeries map[reapSeries]int
+	// retriedSeries counts retry reaps likewise, for
+	// jobreaper_jobs_retried_after_reap_total.
+	retriedSeries map[reapSeries]int
 	// rule is the stall rule the pass judges by: Options.Rule with the
 	// outage end of the pass's clock reading.
 	rule pgstore.StallRule
@@ -129,7 +139,9 @@ type reapSeries struct{ reason, typ, queue string }
 
 func newResult() Result {
 	return Result{Skipped: map[string]int{}, ReapedBy: map[string]int{jobs.ReasonStalled: 0, jobs.ReasonLostTask: 0},
-		ScannedBy: map[string]int{}, reapedSeries: map[reapSeries]int{}}
+		RetriedBy:       map[string]int{jobs.ReasonStalled: 0, jobs.ReasonLostTask: 0},
+		RetriesFinished: map[string]int{RetryReenqueued: 0, RetryCancelResent: 0, RetryFailedImpossible: 0},
+		ScannedBy:       map[string]int{}, reapedSeries: map[reapSeries]int{}, retriedSeries: map[reapSeries]int{}}
 }
 
 func (r *Result) skip(reason SkipReason, n int) {

@@ -142,3 +142,53 @@ func TestRunOnceDryRunMarksJobsAtRisk(t *testing.T) {
 		t.Fatalf("text output lacks the job at risk:\n%s", text.stdout)
 	}
 }
+
+// The dry run says which reaps would be retries: reap (retry 1 of 2) for a
+// type with budget left, reap (fail) for one without; the JSON decisions
+// carry retry and retries, and the summary counts the retry in retried_by.
+func TestRunOnceDryRunSaysRetryOrFail(t *testing.T) {
+	t.Parallel()
+	db := jobstest.New(t)
+	rdb := realRedis(t)
+	q := unique("dryretry")
+	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.JobType(t, "report.retry", "30 minutes", "", "")
+	db.Exec(t, `UPDATE `+db.Table("job_types")+` SET reap_retries = 2 WHERE name = 'report.retry'`)
+	retry, fail := unique("J-retry"), unique("J-fail")
+	for _, j := range []struct{ id, typ string }{{retry, "report.retry"}, {fail, "report.export"}} {
+		db.Insert(t, jobstest.Job{ID: j.id, Type: j.typ, Generation: 1, Queue: q, Worker: "w1",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		activeTask(t, j.id, q)
+	}
+	t.Cleanup(func() { rdb.Del(t.Context(), queue.MarkerKey(retry), queue.MarkerKey(fail)) })
+
+	r := run(t, onceArgs(db, q, "--dry-run", "--output", "json")...)
+	requireExit(t, r, exitOK)
+	var doc struct {
+		Reaped    int               `json:"reaped"`
+		RetriedBy map[string]int    `json:"retried_by"`
+		Decisions []reaper.Decision `json:"decisions"`
+		ReapedBy  map[string]int    `json:"reaped_by"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Reaped != 2 || doc.ReapedBy["stalled"] != 2 || doc.RetriedBy["stalled"] != 1 || doc.RetriedBy["lost_task"] != 0 {
+		t.Fatalf("dry run summary %s", r.stdout)
+	}
+	for _, d := range doc.Decisions {
+		if want := map[string][2]int{retry: {1, 2}, fail: {0, 0}}[d.JobID]; d.Retry != want[0] || d.Retries != want[1] {
+			t.Errorf("decision %+v, want retry %d of %d", d, want[0], want[1])
+		}
+	}
+	text := run(t, onceArgs(db, q, "--dry-run")...)
+	requireExit(t, text, exitOK)
+	for _, want := range []string{retry + `" type report.retry`, "reap (retry 1 of 2)", "reap (fail)", "of them retried 1 (stalled 1, lost_task 0)"} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text dry run lacks %q:\n%s", want, text.stdout)
+		}
+	}
+	if row := db.Read(t, retry); row.Status != jobs.StatusProcessing || row.Generation != 1 {
+		t.Fatalf("the dry run changed %s: %+v", retry, row)
+	}
+}

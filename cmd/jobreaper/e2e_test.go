@@ -145,6 +145,8 @@ func TestEndToEnd_RunOnceReapsHungHandlerOfRealAsynqWorker(t *testing.T) {
 		Skipped                 map[string]int
 		MarkersRestored         int               `json:"markers_restored"`
 		ReapedBy                map[string]int    `json:"reaped_by"`
+		RetriedBy               map[string]int    `json:"retried_by"`
+		RetriesFinished         map[string]int    `json:"retries_finished"`
 		StaleQueued             int               `json:"stale_queued"`
 		BrokenActive            int               `json:"broken_active"`
 		LostLimitTripped        bool              `json:"lost_limit_tripped"`

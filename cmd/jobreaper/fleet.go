@@ -101,6 +101,13 @@ func (m runMode) fleetOptions(opts *reaper.Options, store *pgstore.Store, l lead
 	if m.cancelOnReap && !m.dryRun {
 		opts.Canceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
 	}
+	if !m.dryRun {
+		// A retry reap cancels the running handler whatever cancel on reap
+		// says (the retry needs its worker slot), and replaces a lost job's
+		// archived or completed task.
+		opts.RetryCanceller = asynqstate.NewCanceller(rdb, cfg.OpTimeout)
+		opts.Replacer = asynqstate.NewRetryReplacer(rdb, store)
+	}
 	return nil
 }
 
@@ -160,12 +167,25 @@ func printDryRun(w io.Writer, res reaper.Result, output string) error {
 		}
 		fmt.Fprintf(&b, "%-4s %-16s job %s type %s queue %s generation %d worker %s: runtime %s of max %s, idle %s of stall timeout %s%s\n",
 			verb, d.Reason, idcheck.QuoteID(d.JobID), orNone(d.Type), orNone(d.Queue), d.Generation, worker,
-			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds), risk)
+			secs(d.RuntimeSeconds), secs(d.MaxRuntimeSeconds), secs(d.IdleSeconds), secs(d.StallTimeoutSeconds), retryNote(d)+risk)
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}
 	return printResult(w, res, outputText, "")
+}
+
+// retryNote says what a dry run's reap would do with the job: run it again
+// within its type's reap_retries ("reap (retry 1 of 2)") or fail it
+// ("reap (fail)"); "" for a skip.
+func retryNote(d reaper.Decision) string {
+	switch {
+	case d.Decision != reaper.DecisionReap:
+		return ""
+	case d.Retry > 0:
+		return fmt.Sprintf(", reap (retry %d of %d)", d.Retry, d.Retries)
+	}
+	return ", reap (fail)"
 }
 
 func secs(s float64) string {

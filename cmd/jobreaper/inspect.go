@@ -16,6 +16,7 @@ import (
 	"github.com/jobreaper/jobreaper/config"
 	"github.com/jobreaper/jobreaper/internal/asynqstate"
 	"github.com/jobreaper/jobreaper/internal/idcheck"
+	"github.com/jobreaper/jobreaper/internal/pgcore"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
 	"github.com/jobreaper/jobreaper/jobs"
 	"github.com/jobreaper/jobreaper/queue"
@@ -46,11 +47,15 @@ type inspectDoc struct {
 	ParentID        string     `json:"parent_id"`
 	TenantID        string     `json:"tenant_id"`
 	Limits          *limitsDoc `json:"limits"`
-	DBNow           time.Time  `json:"db_now"`
-	CreatedAt       dbTime     `json:"created_at"`
-	StartedAt       *dbTime    `json:"started_at"`
-	UpdatedAt       dbTime     `json:"updated_at"`
-	FinishedAt      *dbTime    `json:"finished_at"`
+	// ReapCount is the retry reaps of the job's current life, ReapRetries
+	// its type's budget (job_types.reap_retries; 0 without a job_types row).
+	ReapCount   int       `json:"reap_count"`
+	ReapRetries int       `json:"reap_retries"`
+	DBNow       time.Time `json:"db_now"`
+	CreatedAt   dbTime    `json:"created_at"`
+	StartedAt   *dbTime   `json:"started_at"`
+	UpdatedAt   dbTime    `json:"updated_at"`
+	FinishedAt  *dbTime   `json:"finished_at"`
 	// RuntimeSeconds and IdleSeconds are null when the timestamp they are
 	// counted from is infinite; both stop at finished_at once the job is
 	// COMPLETED or FAILED.
@@ -84,6 +89,9 @@ type limitsDoc struct {
 	EffectiveStallTimeoutSeconds float64 `json:"effective_stall_timeout_seconds"`
 	EffectiveHardTimeoutSeconds  float64 `json:"effective_hard_timeout_seconds"`
 	AutoComplete                 bool    `json:"auto_complete"`
+	ReapRetries                  int     `json:"reap_retries"`
+	// ReapRetryDelaySeconds is job_types.reap_retry_delay.
+	ReapRetryDelaySeconds float64 `json:"reap_retry_delay_seconds"`
 }
 
 // dbTime is a database timestamp as inspect shows it: a time, or the
@@ -247,11 +255,14 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 		s := rec.Runtime.Seconds()
 		doc.RuntimeSeconds = &s
 	}
+	budget := pgcore.BudgetOf(rec.Snapshot)
+	doc.ReapCount, doc.ReapRetries = budget.Count, budget.Retries
 	if l := rec.Limits; l != nil {
 		doc.Limits = &limitsDoc{MaxRuntimeSeconds: l.MaxRuntime.Seconds(), StallTimeoutSeconds: seconds(l.StallTimeout),
 			HardTimeoutSeconds: seconds(l.HardTimeout), AutoComplete: l.AutoComplete,
 			EffectiveStallTimeoutSeconds: cmp.Or(l.StallTimeout, &cfg.StallTimeout).Seconds(),
-			EffectiveHardTimeoutSeconds:  cmp.Or(l.HardTimeout, ptrDuration(jobs.HardTimeoutDefault)).Seconds()}
+			EffectiveHardTimeoutSeconds:  cmp.Or(l.HardTimeout, ptrDuration(jobs.HardTimeoutDefault)).Seconds(),
+			ReapRetries:                  budget.Retries, ReapRetryDelaySeconds: budget.Delay.Seconds()}
 	}
 	if redisErr != nil {
 		doc.Marker.Error = oneLine(redisErr.Error())
@@ -369,6 +380,7 @@ func printInspect(w io.Writer, doc inspectDoc) error {
 	}
 	line("times", "%s", times)
 	line("generation", "%d (this life started at %d)", doc.Generation, doc.FirstGeneration)
+	line("reap retries", "reap_count %d of reap_retries %d in this life", doc.ReapCount, doc.ReapRetries)
 	line("worker", "%s", orNone(doc.Worker))
 	total := "none"
 	if doc.Total != nil {

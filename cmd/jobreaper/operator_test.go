@@ -186,7 +186,9 @@ func TestInspectCommand(t *testing.T) {
 		rdb.Del(context.Background(), queue.MarkerKey(id))
 	})
 	db.JobType(t, "report.export", "30 minutes", "", "")
+	db.Exec(t, `UPDATE job_types SET reap_retries = 3 WHERE name = 'report.export'`)
 	db.Insert(t, jobstest.Job{ID: id, Type: "report.export", Status: jobs.StatusQueued, Queue: q, Total: ptrTo(int64(30))})
+	db.Exec(t, `UPDATE jobs SET reap_count = 2 WHERE id = $1`, id)
 	store := db.Store()
 	if _, err := queue.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, asynq.NewTask("report.export", nil), id); err != nil {
 		t.Fatal(err)
@@ -210,7 +212,8 @@ func TestInspectCommand(t *testing.T) {
 		doc.Total == nil || *doc.Total != 30 || doc.Limits == nil || doc.Limits.MaxRuntimeSeconds != 1800 ||
 		doc.RuntimeSeconds == nil || doc.EventCount != 1 || len(doc.Events) != 1 || doc.Events[0].Kind != "claimed" ||
 		!doc.Marker.Present || *doc.Marker.Generation != 1 || doc.Marker.TTLSeconds == nil ||
-		*doc.Marker.TTLSeconds <= 0 || *doc.Marker.TTLSeconds > 3600 || doc.TaskState != string(asynqstate.TaskPending) {
+		*doc.Marker.TTLSeconds <= 0 || *doc.Marker.TTLSeconds > 3600 || doc.TaskState != string(asynqstate.TaskPending) ||
+		doc.ReapCount != 2 || doc.ReapRetries != 3 || doc.Limits.ReapRetries != 3 || doc.Limits.ReapRetryDelaySeconds != 60 {
 		t.Fatalf("document = %+v", doc)
 	}
 
@@ -223,7 +226,8 @@ func TestInspectCommand(t *testing.T) {
 	text := run(t, opsArgs(db, "inspect", id)...)
 	requireExit(t, text, exitOK)
 	for _, want := range []string{"status:         PROCESSING", "generation:     1", "worker:         w1", "progress:       cursor 0 of total 30",
-		"marker:         present, generation 1", "asynq task:     pending (timeout 24h0m0s, no deadline)", "claimed"} {
+		"marker:         present, generation 1", "asynq task:     pending (timeout 24h0m0s, no deadline)", "claimed",
+		"reap retries:   reap_count 2 of reap_retries 3 in this life"} {
 		if !strings.Contains(text.stdout, want) {
 			t.Errorf("text output lacks %q:\n%s", want, text.stdout)
 		}

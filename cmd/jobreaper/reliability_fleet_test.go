@@ -41,13 +41,12 @@ const (
 	// fleetStormHold is the daemons' --stall-storm-hold.
 	fleetStormHold = 15 * time.Second
 	// fleetReapRetryType is the job type of the stalling jobs that a reap
-	// may release for another attempt (job_types.reap_retries): the one
-	// place to turn that on once the column exists, by setting
-	// fleetReapRetries above 0. Until then its reaps fail the job, like
-	// every other type's, and the checker already takes a reaped event
-	// with "retry": true (no marker expected).
+	// releases for another attempt (job_types.reap_retries =
+	// fleetReapRetries): its first reap is a retry reap (QUEUED, no marker:
+	// the checker takes a reaped event with "retry": true without one), and
+	// its attempt after that completes.
 	fleetReapRetryType = "fleet.reap_retry"
-	fleetReapRetries   = 0
+	fleetReapRetries   = 1
 )
 
 // fleetDuration returns JOBREAPER_FLEET_DURATION or the default.

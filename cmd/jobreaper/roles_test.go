@@ -140,6 +140,34 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 		}
 	})
 
+	t.Run("ReaperRoleRetryReaps", func(t *testing.T) {
+		rdb := realRedis(t)
+		typ := unique("report.retry")
+		db.JobType(t, typ, "30 minutes", "", "")
+		db.Exec(t, `UPDATE `+s+`.job_types SET reap_retries = 1 WHERE name = $1`, typ)
+		q, id := unique("roles"), unique("Jretry")
+		db.Insert(t, jobstest.Job{ID: id, Type: typ, Generation: 1, Queue: q, Worker: "W1",
+			StartedAgo: jobstest.Ago(31 * time.Minute), IdleAgo: 21 * time.Minute})
+		activeTask(t, id, q)
+		t.Cleanup(func() { rdb.Del(context.WithoutCancel(t.Context()), queue.MarkerKey(id)) })
+
+		r := run(t, "run", "--once", "--output", "json", "--config", file, "--database-url", roleURL(t, db, reaperRole),
+			"--schema", db.Schema, "--redis-url", redisTestURL(), "--queues", q)
+		// Exit 1 only for the first subtest's marker, whose re-assertion
+		// is held (no live server in this Redis database).
+		doc := requireOneJSONResult(t, r.stdout)
+		if string(doc["reaped"]) != "1" || string(doc["errors"]) != "0" || !strings.Contains(string(doc["retried_by"]), `"stalled":1`) {
+			t.Fatalf("pass as the reaper role: %s, want 1 retry reap and no error", r.stdout)
+		}
+		if n := db.Count(t, `SELECT count(*) FROM `+s+`.jobs WHERE id = $1 AND status = 'QUEUED' AND generation = 2 AND reap_count = 1
+   AND finished_at IS NULL AND marker_set_at IS NULL`, id); n != 1 {
+			t.Fatalf("row = %+v, want QUEUED at generation 2 with reap_count 1", db.Read(t, id))
+		}
+		if n := rdb.Exists(ctx, queue.MarkerKey(id)).Val(); n != 0 {
+			t.Fatal("a retry reap wrote a marker")
+		}
+	})
+
 	t.Run("ReaperRoleReadsAndRecordsTheOutageEnd", func(t *testing.T) {
 		pool, err := jobs.Connect(ctx, roleURL(t, db, reaperRole), db.Schema)
 		if err != nil {
@@ -401,7 +429,8 @@ func TestRolesSQLGrantsWhatEachRoleNeeds(t *testing.T) {
 			`UPDATE ` + s + `.videos SET pending = 9 WHERE false`, // granted for the cascade: allowed
 			`UPDATE ` + s + `.jobs SET type = 'other'`,
 			`UPDATE ` + s + `.jobs SET "cursor" = 0`,
-			`UPDATE ` + s + `.jobs SET generation = generation + 1`,
+			`UPDATE ` + s + `.jobs SET progress_mark = 0`,
+			`UPDATE ` + s + `.jobs SET updated_at = now()`,
 			`DELETE FROM ` + s + `.jobs`,
 			`INSERT INTO ` + s + `.jobs (id, type) VALUES ('x', 'report.export')`,
 			`INSERT INTO ` + s + `.job_types (name, max_runtime) VALUES ('x', '1 minute')`,

@@ -399,8 +399,16 @@ func forScripts(res reaper.Result) reaper.Result {
 	if res.StallStormHolds == nil {
 		res.StallStormHolds = []reaper.HoldReport{}
 	}
+	res.RetriedBy = maps.Clone(res.RetriedBy)
+	if res.RetriedBy == nil {
+		res.RetriedBy = map[string]int{}
+	}
+	if res.RetriesFinished == nil {
+		res.RetriesFinished = map[string]int{}
+	}
 	for _, reason := range []string{jobs.ReasonStalled, jobs.ReasonLostTask} {
 		res.ReapedBy[reason] += 0 // both keys, always
+		res.RetriedBy[reason] += 0
 	}
 	return res
 }
@@ -424,6 +432,9 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	if res.Reaped > 0 {
 		line += fmt.Sprintf(" (stalled %d, lost_task %d)", res.ReapedBy[jobs.ReasonStalled], res.ReapedBy[jobs.ReasonLostTask])
 	}
+	if n := res.RetriedBy[jobs.ReasonStalled] + res.RetriedBy[jobs.ReasonLostTask]; n > 0 {
+		line += fmt.Sprintf(", of them retried %d (stalled %d, lost_task %d)", n, res.RetriedBy[jobs.ReasonStalled], res.RetriedBy[jobs.ReasonLostTask])
+	}
 	line += fmt.Sprintf(", skipped %d", total)
 	if len(skipped) > 0 {
 		line += " (" + strings.Join(skipped, ", ") + ")"
@@ -431,7 +442,9 @@ func printResult(w io.Writer, res reaper.Result, output, redis string) error {
 	for _, extra := range []struct {
 		name string
 		n    int
-	}{{"markers_restored", res.MarkersRestored}, {"stale_queued", res.StaleQueued}, {"broken_active", res.BrokenActive}, {"at_risk", res.AtRisk}} {
+	}{{"markers_restored", res.MarkersRestored}, {"stale_queued", res.StaleQueued}, {"broken_active", res.BrokenActive}, {"at_risk", res.AtRisk},
+		{"retries_reenqueued", res.RetriesFinished[reaper.RetryReenqueued]}, {"retry_cancels_resent", res.RetriesFinished[reaper.RetryCancelResent]},
+		{"retries_failed_impossible", res.RetriesFinished[reaper.RetryFailedImpossible]}} {
 		if extra.n > 0 {
 			line += fmt.Sprintf(", %s %d", extra.name, extra.n)
 		}

@@ -52,7 +52,7 @@ func requireOneJSONResult(t *testing.T, stdout string) map[string]json.RawMessag
 	}
 	slices.Sort(keys)
 	const want = "at_risk,bad_queue_names,broken_active,errors,interrupted,lost_limit_tripped,markers_held,markers_restored," +
-		"panicked,queues_did_you_mean,queues_not_found,reaped,reaped_by,scanned,scanned_by,skipped,stale_queued," +
+		"panicked,queues_did_you_mean,queues_not_found,reaped,reaped_by,retried_by,retries_finished,scanned,scanned_by,skipped,stale_queued," +
 		"stall_storm_held,stall_storm_holds,uncovered_queues"
 	if strings.Join(keys, ",") != want {
 		t.Fatalf("keys %v, want %s", keys, want)

@@ -54,11 +54,16 @@ GRANT SELECT ON :"schema".job_types TO :"reaper_role", :"worker_role";
 -- grant on some column).
 GRANT SELECT ON :"schema".jobs TO :"reaper_role";
 -- The reap: status FAILED, its reason and finish time, the marker not yet
--- written; after the marker write (and its repair), marker_set_at.
-GRANT UPDATE (status, failure_reason, finished_at, marker_set_at)
+-- written; after the marker write (and its repair), marker_set_at. A retry
+-- reap (job_types.reap_retries): status QUEUED, the generation raised,
+-- reap_count + 1, finished_at cleared.
+GRANT UPDATE (status, failure_reason, finished_at, marker_set_at, generation, reap_count)
    ON :"schema".jobs TO :"reaper_role";
 -- The reaped event of each reap (id is a bigserial).
 GRANT INSERT (job_id, kind, generation, worker, detail) ON :"schema".job_events TO :"reaper_role";
+-- Later passes recognise a retry-reaped QUEUED row by its latest reaped
+-- event (a retry, at the generation below the row's).
+GRANT SELECT (id, job_id, kind, generation, at, detail) ON :"schema".job_events TO :"reaper_role";
 GRANT USAGE ON SEQUENCE :"schema".job_events_id_seq TO :"reaper_role";
 -- The leader lease of its queue set: take or renew it (INSERT ... ON
 -- CONFLICT DO UPDATE), check it before each reap's COMMIT (SELECT ... FOR

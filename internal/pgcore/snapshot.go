@@ -40,6 +40,11 @@ type Snapshot struct {
 	FailureReason string
 	// Limits is nil when no job_types row has the job's type.
 	Limits *Limits
+	// reapCount counts the retry reaps of the job's current life
+	// (jobs.reap_count); see ReapBudget. Unexported: the retry budget is
+	// the daemon's business, not a worker's (jobs.Snapshot aliases this
+	// type).
+	reapCount int
 	// Unreadable is "" for a row read whole; otherwise it says which value
 	// of the row Go cannot represent (a started_at or updated_at of
 	// 'infinity' or '-infinity', which a product's own SQL can write). Such
@@ -56,6 +61,37 @@ type Snapshot struct {
 // its position in the (updated_at, id) keyset pages of the lost-task search.
 func UpdatedKey(sn Snapshot) pgtype.Timestamptz { return sn.updatedKey }
 
+// ReapBudget is a job's retry budget as read: the retry reaps of its
+// current life (jobs.reap_count), how many its type allows
+// (job_types.reap_retries; 0 also when the type is unknown) and the delay
+// of a lost job's first retry (job_types.reap_retry_delay).
+type ReapBudget struct {
+	Count, Retries int
+	Delay          time.Duration
+}
+
+// BudgetOf returns sn's retry budget.
+func BudgetOf(sn Snapshot) ReapBudget {
+	b := ReapBudget{Count: sn.reapCount}
+	if sn.Limits != nil {
+		b.Retries, b.Delay = sn.Limits.reapRetries, sn.Limits.reapRetryDelay
+	}
+	return b
+}
+
+// WithBudget returns sn with the retry budget b: its reap count, and, when
+// it has limits, a copy of them with b's retries and delay. For snapshots
+// built in code (tests, the reaper's fixtures).
+func WithBudget(sn Snapshot, b ReapBudget) Snapshot {
+	sn.reapCount = b.Count
+	if sn.Limits != nil {
+		l := *sn.Limits
+		l.reapRetries, l.reapRetryDelay = b.Retries, b.Delay
+		sn.Limits = &l
+	}
+	return sn
+}
+
 // Limits is a job_types row.
 type Limits struct {
 	// MaxRuntime is the soft limit; intervals convert with 30-day months and
@@ -67,6 +103,10 @@ type Limits struct {
 	HardTimeout *time.Duration
 	// AutoComplete: a handler returning nil without Complete completes the job.
 	AutoComplete bool
+	// reapRetries and reapRetryDelay are job_types.reap_retries and
+	// reap_retry_delay; see ReapBudget.
+	reapRetries    int
+	reapRetryDelay time.Duration
 
 	// The limits in whole microseconds, exact up to IntervalMicros'
 	// bound, when read from the database (exact is true); see LimitsMicros.
@@ -121,6 +161,7 @@ func equalLimits(a, b Limits) bool {
 	eq := func(x, y *time.Duration) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
 	eqUs := func(x, y *int64) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
 	return a.MaxRuntime == b.MaxRuntime && a.AutoComplete == b.AutoComplete &&
+		a.reapRetries == b.reapRetries && a.reapRetryDelay == b.reapRetryDelay &&
 		eq(a.StallTimeout, b.StallTimeout) && eq(a.HardTimeout, b.HardTimeout) &&
 		a.exact == b.exact && a.maxRuntimeUs == b.maxRuntimeUs &&
 		eqUs(a.stallTimeoutUs, b.stallTimeoutUs) && eqUs(a.hardTimeoutUs, b.hardTimeoutUs)
@@ -132,7 +173,7 @@ const SnapshotColumns = `
     j.id, j.type, j.status, j.generation, coalesce(j.worker, ''), coalesce(j.queue, ''),
     coalesce(j.parent_id, ''), j.started_at, j.updated_at, coalesce(j.failure_reason, ''),
     t.name IS NOT NULL, t.max_runtime, t.stall_timeout, t.hard_timeout, coalesce(t.auto_complete, false),
-    j.first_generation`
+    j.first_generation, j.reap_count, coalesce(t.reap_retries, 0), coalesce(t.reap_retry_delay, interval '0')`
 
 // Get reads one job row and its type limits. It returns an error wrapping
 // ErrNotFound when no row has that ID, and one wrapping idcheck.ErrBadID
@@ -165,19 +206,21 @@ func ScanSnapshot(row pgx.CollectableRow) (Snapshot, error) {
 		started               pgtype.Timestamptz
 		known, auto           bool
 		maxRun, stall, hardTO pgtype.Interval
+		retries               int32
+		retryDelay            pgtype.Interval
 	)
 	// The timestamps are scanned into pgtype.Timestamptz, which holds
 	// 'infinity': scanning it into a time.Time fails, and pgx then ends
 	// the whole result, so one odd row would stop the reaps of its batch.
 	err := row.Scan(&sn.ID, &sn.Type, &sn.Status, &sn.Generation, &sn.Worker, &sn.Queue,
 		&sn.ParentID, &started, &sn.updatedKey, &sn.FailureReason,
-		&known, &maxRun, &stall, &hardTO, &auto, &sn.FirstGeneration)
+		&known, &maxRun, &stall, &hardTO, &auto, &sn.FirstGeneration, &sn.reapCount, &retries, &retryDelay)
 	if err != nil {
 		return sn, err
 	}
 	finishSnapshot(&sn, started)
 	if known {
-		sn.Limits = newLimits(maxRun, stall, hardTO, auto)
+		sn.Limits = newLimits(maxRun, stall, hardTO, auto, retries, retryDelay)
 	}
 	return sn, nil
 }
@@ -201,12 +244,14 @@ func finishSnapshot(sn *Snapshot, started pgtype.Timestamptz) {
 }
 
 // newLimits builds the Limits of a job_types row as read.
-func newLimits(maxRun, stall, hardTO pgtype.Interval, auto bool) *Limits {
+func newLimits(maxRun, stall, hardTO pgtype.Interval, auto bool, retries int32, retryDelay pgtype.Interval) *Limits {
 	return &Limits{
 		MaxRuntime:     IntervalDuration(maxRun),
 		StallTimeout:   OptionalDuration(stall),
 		HardTimeout:    OptionalDuration(hardTO),
 		AutoComplete:   auto,
+		reapRetries:    int(retries),
+		reapRetryDelay: IntervalDuration(retryDelay),
 		exact:          true,
 		maxRuntimeUs:   IntervalMicros(maxRun),
 		stallTimeoutUs: optionalMicros(stall),
@@ -232,7 +277,9 @@ type SnapshotScanner struct {
 	generation, firstGeneration                    int64
 	started, updated                               pgtype.Timestamptz
 	known, auto                                    bool
-	maxRun, stall, hardTO                          pgtype.Interval
+	maxRun, stall, hardTO, retryDelay              pgtype.Interval
+	reapCount                                      int
+	retries                                        int32
 	dest                                           []any
 	strs                                           map[string]string
 	limits                                         map[string]scannedLimits
@@ -240,9 +287,10 @@ type SnapshotScanner struct {
 
 // scannedLimits is a job_types row as read and the Limits built from it.
 type scannedLimits struct {
-	maxRun, stall, hardTO pgtype.Interval
-	auto                  bool
-	limits                *Limits
+	maxRun, stall, hardTO, retryDelay pgtype.Interval
+	auto                              bool
+	retries                           int32
+	limits                            *Limits
 }
 
 // NewSnapshotScanner returns a SnapshotScanner.
@@ -250,7 +298,7 @@ func NewSnapshotScanner() *SnapshotScanner {
 	sc := &SnapshotScanner{strs: map[string]string{}, limits: map[string]scannedLimits{}}
 	sc.dest = []any{&sc.id, &sc.typ, &sc.status, &sc.generation, &sc.worker, &sc.queue,
 		&sc.parent, &sc.started, &sc.updated, &sc.reason,
-		&sc.known, &sc.maxRun, &sc.stall, &sc.hardTO, &sc.auto, &sc.firstGeneration}
+		&sc.known, &sc.maxRun, &sc.stall, &sc.hardTO, &sc.auto, &sc.firstGeneration, &sc.reapCount, &sc.retries, &sc.retryDelay}
 	return sc
 }
 
@@ -275,7 +323,7 @@ func (sc *SnapshotScanner) intern(b []byte) string {
 // the row, Snapshot.Unreadable says which. It returns the driver's scan
 // error.
 func (sc *SnapshotScanner) Scan(rows pgx.Rows) (Snapshot, error) {
-	sc.started, sc.maxRun, sc.stall, sc.hardTO = pgtype.Timestamptz{}, pgtype.Interval{}, pgtype.Interval{}, pgtype.Interval{}
+	sc.started, sc.maxRun, sc.stall, sc.hardTO, sc.retryDelay = pgtype.Timestamptz{}, pgtype.Interval{}, pgtype.Interval{}, pgtype.Interval{}, pgtype.Interval{}
 	if err := rows.Scan(sc.dest...); err != nil {
 		return Snapshot{}, err
 	}
@@ -283,13 +331,16 @@ func (sc *SnapshotScanner) Scan(rows pgx.Rows) (Snapshot, error) {
 		ID: string(sc.id), Type: sc.intern(sc.typ), Status: sc.intern(sc.status), Generation: sc.generation,
 		FirstGeneration: sc.firstGeneration, Worker: sc.intern(sc.worker), Queue: sc.intern(sc.queue),
 		ParentID: string(sc.parent), FailureReason: sc.intern(sc.reason), updatedKey: sc.updated,
+		reapCount: sc.reapCount,
 	}
 	finishSnapshot(&sn, sc.started)
 	if sc.known {
 		have, ok := sc.limits[sn.Type]
-		if !ok || have.maxRun != sc.maxRun || have.stall != sc.stall || have.hardTO != sc.hardTO || have.auto != sc.auto {
+		if !ok || have.maxRun != sc.maxRun || have.stall != sc.stall || have.hardTO != sc.hardTO || have.auto != sc.auto ||
+			have.retries != sc.retries || have.retryDelay != sc.retryDelay {
 			have = scannedLimits{maxRun: sc.maxRun, stall: sc.stall, hardTO: sc.hardTO, auto: sc.auto,
-				limits: newLimits(sc.maxRun, sc.stall, sc.hardTO, sc.auto)}
+				retries: sc.retries, retryDelay: sc.retryDelay,
+				limits: newLimits(sc.maxRun, sc.stall, sc.hardTO, sc.auto, sc.retries, sc.retryDelay)}
 			sc.limits[sn.Type] = have
 		}
 		sn.Limits = have.limits

@@ -16,6 +16,8 @@ const (
 	MarkersSetSQL     = markersSetSQL
 	MarkersFailedSQL  = markersFailedSQL
 	LostCandidatesSQL = lostCandidatesSQL
+	FailRetrySQL      = failRetrySQL
+	RetryPendingSQL   = retryPendingSQL
 )
 
 // RequeueSQL is the operator's requeue, whose plan

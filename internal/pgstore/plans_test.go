@@ -37,6 +37,7 @@ func TestPlansHoldOnStaleStatistics(t *testing.T) {
 			reapArgs := func(idList []string) pgx.NamedArgs {
 				a := pgx.NamedArgs(rule.Args())
 				a["ids"], a["generations"], a["updated_ats"], a["reason"] = idList, gens(len(idList)), times(len(idList)), "stalled"
+				a["retries"] = slices.Repeat([]bool{true}, len(idList))
 				return a
 			}
 			byID := []struct {
@@ -48,6 +49,8 @@ func TestPlansHoldOnStaleStatistics(t *testing.T) {
 				{"LoadOfOne", pgstore.LoadSQL, pgx.NamedArgs{"ids": ids("p", 7, 1)}},
 				{"ReapOfAThousand", pgstore.ReapBatchSQL, reapArgs(ids("p", 6001, 1000))},
 				{"ReapOfOne", pgstore.ReapBatchSQL, reapArgs(ids("p", 6001, 1))},
+				{"RetryFailOfAThousand", pgstore.FailRetrySQL, pgx.NamedArgs{"ids": ids("p", 6001, 1000), "generations": gens(1000),
+					"counts": slices.Repeat([]int32{1}, 1000), "reasons": slices.Repeat([]string{"stalled"}, 1000)}},
 				{"ReapLockOfAThousand", pgstore.ReapLockSQL, pgx.NamedArgs{"ids": ids("p", 6001, 1000)}},
 				{"MarkersOfAThousandFailedRows", pgstore.MarkersSetSQL, pgx.NamedArgs{"ids": ids("p", 1, 1000), "generations": gens(1000)}},
 				{"MarkerOfOneFailedRow", pgstore.MarkersSetSQL, pgx.NamedArgs{"ids": ids("p", 5, 1), "generations": gens(1)}},
@@ -78,6 +81,16 @@ func TestPlansHoldOnStaleStatistics(t *testing.T) {
 			jobstest.JobsAccess(plan, &access, &gather)
 			if !slices.Equal(access, []string{"jobs_processing_queue_idx"}) || gather {
 				t.Errorf("the lost-task search reads jobs by %v (gather or nested loop %v), want jobs_processing_queue_idx only:\n%s", access, gather, text)
+			}
+
+			// The retry-finishing search reads the few QUEUED rows ever
+			// retry-reaped through their partial index.
+			plan, text = jobstest.Explain(t, db, store.Q(pgstore.RetryPendingSQL), pgx.NamedArgs{
+				"queues": lostArgs["queues"], "after": "", "settle": pgtype.Interval{Microseconds: 60e6, Valid: true}, "limit": 500})
+			access, gather = nil, false
+			jobstest.JobsAccess(plan, &access, &gather)
+			if !slices.Equal(access, []string{"jobs_reap_retry_idx"}) {
+				t.Errorf("the retry-finishing search reads jobs by %v, want jobs_reap_retry_idx only:\n%s", access, text)
 			}
 		})
 	}

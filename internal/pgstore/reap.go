@@ -159,6 +159,16 @@ type Evidence struct {
 	// the lease history names which replica reaped. Empty without a
 	// leader lease (run --once, a dry run, a library caller).
 	HolderID string `json:"holder_id,omitempty"`
+	// Retry is true for a retry reap: the job was put back to QUEUED to
+	// run again, not failed.
+	Retry bool `json:"retry"`
+	// ReapCount is the row's reap_count after the reap (a retry reap
+	// raised it by one), and ReapRetries its type's reap_retries.
+	ReapCount   int `json:"reap_count"`
+	ReapRetries int `json:"reap_retries"`
+	// ReapRetryImpossible is true for a failing reap whose job had budget
+	// left but no task asynq could run again (gone from asynq).
+	ReapRetryImpossible bool `json:"reap_retry_impossible,omitempty"`
 }
 
 func (e Evidence) detail() ([]byte, error) {

@@ -44,6 +44,16 @@ type ReapCandidate struct {
 	JobID      string
 	Generation int64
 	UpdatedAt  time.Time
+	// Retry makes the reap a retry reap (the reaper's DecideRetry said
+	// so): the row goes back to QUEUED with its generation and reap_count
+	// raised, its finished_at cleared, and no cascade runs. The
+	// compare-and-set then also repeats that the type's budget is not
+	// spent (reap_count < reap_retries).
+	Retry bool
+	// RetryImpossible, for a failing reap, records reap_retry_impossible
+	// in its event: the budget was not spent but asynq holds no task to
+	// run again.
+	RetryImpossible bool
 }
 
 // ReapBatchParams names the candidates of one set-based reap.
@@ -65,6 +75,12 @@ type ReapedJob struct {
 	JobID    string
 	Type     string
 	Evidence Evidence
+	// Retry is true for a retry reap: the row is QUEUED at
+	// Evidence.Generation + 1, Evidence.ReapCount retries into its
+	// budget of Evidence.ReapRetries.
+	Retry bool
+	// RetryDelay is the type's reap_retry_delay.
+	RetryDelay time.Duration
 	// parentID and tenantID are the cascade's @parent_id and @tenant_id.
 	parentID, tenantID string
 }
@@ -113,21 +129,37 @@ SELECT j.id FROM {schema}.jobs j WHERE j.id = ANY(@ids::text[]) ORDER BY j.id FO
 // process killed there) is restored by the re-assertion of every marker of
 // the last 7 days, within marker_check_window. Meanwhile the FAILED row
 // refuses the task through the start guard.
+//
+// A candidate with retry set is a retry reap: the row goes back to QUEUED
+// with its generation raised (every write of the reaped attempt is
+// refused from then on), reap_count + 1 and finished_at cleared, its
+// failure_reason and marker_set_at kept; the compare-and-set repeats that
+// the budget is not spent. The RETURNING generation is the reaped
+// attempt's, for both kinds.
 const reapBatchSQL = `
 UPDATE {schema}.jobs j
-   SET status = 'FAILED', failure_reason = @reason, finished_at = now(), marker_set_at = now()
-  FROM unnest(@ids::text[], @generations::int8[], @updated_ats::timestamptz[]) AS r(id, generation, updated_at),
+   SET status = CASE WHEN r.retry THEN 'QUEUED' ELSE 'FAILED' END,
+       failure_reason = CASE WHEN r.retry THEN j.failure_reason ELSE @reason END,
+       finished_at = CASE WHEN r.retry THEN NULL ELSE now() END,
+       marker_set_at = CASE WHEN r.retry THEN j.marker_set_at ELSE now() END,
+       generation = j.generation + CASE WHEN r.retry THEN 1 ELSE 0 END,
+       reap_count = j.reap_count + CASE WHEN r.retry THEN 1 ELSE 0 END
+  FROM unnest(@ids::text[], @generations::int8[], @updated_ats::timestamptz[], @retries::bool[])
+       AS r(id, generation, updated_at, retry),
        {schema}.job_types t
  WHERE j.id = ANY(@ids::text[])
    AND r.id = j.id
    AND t.name = j.type
    AND j.generation = r.generation
    AND j.updated_at = r.updated_at
+   AND (NOT r.retry OR j.reap_count < t.reap_retries)
    AND ` + StallPredicate + `
-RETURNING j.id, j.generation, coalesce(j.worker, ''), j.type, coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''),
+RETURNING j.id, j.generation - CASE WHEN r.retry THEN 1 ELSE 0 END, coalesce(j.worker, ''), j.type,
+          coalesce(j.parent_id, ''), coalesce(j.tenant_id, ''),
           j.started_at, j.updated_at, now() - j.started_at, now() - j.updated_at,
           t.max_runtime, coalesce(t.stall_timeout, @default_stall), now(),
-          greatest(j.max_idle_gap, now() - j.updated_at)`
+          greatest(j.max_idle_gap, now() - j.updated_at),
+          r.retry, j.reap_count, t.reap_retries, t.reap_retry_delay`
 
 // reapEventsSQL appends the reaped events of one batch, in ID order.
 const reapEventsSQL = `
@@ -190,12 +222,16 @@ func (s *Store) reapBatch(ctx context.Context, p ReapBatchParams) (ReapBatchResu
 // cascade of one row failed, failedAt names that row.
 func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatchParams) (reaped []ReapedJob, failedAt string, err error) {
 	n := len(cands)
-	ids, gens, upd := make([]string, n), make([]int64, n), make([]time.Time, n)
+	ids, gens, upd, retries := make([]string, n), make([]int64, n), make([]time.Time, n), make([]bool, n)
+	impossible := map[string]bool{}
 	for i, c := range cands {
-		ids[i], gens[i], upd[i] = c.JobID, c.Generation, c.UpdatedAt
+		ids[i], gens[i], upd[i], retries[i] = c.JobID, c.Generation, c.UpdatedAt, c.Retry
+		if c.RetryImpossible && !c.Retry {
+			impossible[c.JobID] = true
+		}
 	}
 	args := p.Rule.args()
-	args["ids"], args["generations"], args["updated_ats"], args["reason"] = ids, gens, upd, p.Reason
+	args["ids"], args["generations"], args["updated_ats"], args["reason"], args["retries"] = ids, gens, upd, p.Reason, retries
 	err = s.core.InTx(ctx, func(tx pgx.Tx) error {
 		// The idle bound, when there is a leader lease, rides in the same
 		// pipeline as the row locks and the UPDATE.
@@ -216,6 +252,7 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		}
 		for i := range reaped {
 			reaped[i].Evidence.DeadEarly = p.DeadEarly
+			reaped[i].Evidence.ReapRetryImpossible = impossible[reaped[i].JobID]
 			if end := p.Rule.OutageEnd; end.After(reaped[i].Evidence.UpdatedAt) {
 				reaped[i].Evidence.OutageEnd = &end
 			}
@@ -223,7 +260,7 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 				reaped[i].Evidence.HolderID = s.leader.holderID
 			}
 		}
-		slices.SortFunc(reaped, func(a, b ReapedJob) int { return cmp.Compare(a.JobID, b.JobID) })
+		sortReaped(reaped)
 		if failedAt, err = s.reapFollowUps(ctx, tx, reaped, saved); err != nil {
 			return err
 		}
@@ -261,11 +298,15 @@ func scanReaped(row pgx.CollectableRow, reason string) (ReapedJob, error) {
 		r                              ReapedJob
 		parent, tenant                 string
 		runtime, idle, maxRun, stallTO pgtype.Interval
-		gap                            pgtype.Interval
+		gap, delay                     pgtype.Interval
 	)
 	ev := &r.Evidence
+	var count, retries int32
 	err := row.Scan(&r.JobID, &ev.Generation, &ev.Worker, &r.Type, &parent, &tenant,
-		&ev.StartedAt, &ev.UpdatedAt, &runtime, &idle, &maxRun, &stallTO, &ev.DBNow, &gap)
+		&ev.StartedAt, &ev.UpdatedAt, &runtime, &idle, &maxRun, &stallTO, &ev.DBNow, &gap,
+		&r.Retry, &count, &retries, &delay)
+	r.RetryDelay = pgcore.IntervalDuration(delay)
+	ev.Retry, ev.ReapCount, ev.ReapRetries = r.Retry, int(count), int(retries)
 	ev.Reason = reason
 	ev.Runtime, ev.Idle = pgcore.IntervalDuration(runtime), pgcore.IntervalDuration(idle)
 	ev.MaxIdleGap = pgcore.IntervalDuration(gap)
@@ -297,6 +338,9 @@ func (s *Store) reapFollowUps(ctx context.Context, tx pgx.Tx, reaped []ReapedJob
 	var steps []step
 	positional := map[string]positionalCascade{}
 	for _, r := range reaped {
+		if r.Retry {
+			continue // a retry reap runs no on_failed cascade
+		}
 		a := pgcore.CascadeArgs{JobID: r.JobID, Type: r.Type, ParentID: r.parentID, TenantID: r.tenantID}
 		for i, sql := range s.core.Cascades()[r.Type].OnFailed {
 			pc, ok := positional[sql]
@@ -390,4 +434,9 @@ func (pc positionalCascade) args(a pgcore.CascadeArgs) []any {
 		}
 	}
 	return out
+}
+
+// sortReaped sorts jobs by ID.
+func sortReaped(jobs []ReapedJob) {
+	slices.SortFunc(jobs, func(a, b ReapedJob) int { return cmp.Compare(a.JobID, b.JobID) })
 }
