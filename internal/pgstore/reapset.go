@@ -236,11 +236,11 @@ func (s *Store) reapOnce(ctx context.Context, cands []ReapCandidate, p ReapBatch
 		// The idle bound, when there is a leader lease, rides in the same
 		// pipeline as the row locks and the UPDATE.
 		pre := append(s.leaderIdleBound(), pgcore.Before{SQL: s.core.Q(reapLockSQL), Args: []any{pgx.NamedArgs{"ids": ids}}})
-		update := reapBatchSQL
+		update := s.core.Q(reapBatchSQL)
 		if p.DeadEarly {
-			update = reapBatchDeadEarlySQL
+			update = s.core.Q(reapBatchDeadEarlySQL)
 		}
-		rows, saved, err := pgcore.PinnedQuery(ctx, tx, s.core.Q(update), args, pre...)
+		rows, saved, err := pgcore.PinnedQuery(ctx, tx, update, args, pre...)
 		if err != nil {
 			return err
 		}
