@@ -182,3 +182,22 @@ func TestUninstallDropsEveryObjectTheMigrationsCreate(t *testing.T) {
 		t.Fatalf("the uninstall steps of docs/operating.md do not drop: %s", strings.Join(missing, ", "))
 	}
 }
+
+// The docs' example messages name the schema version this binary ships:
+// the number of its latest migration.
+func TestDocsNameTheShippedSchemaVersion(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob(filepath.Join(repoRoot(t), "jobs", "migrations", "*.sql"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no migrations found: %v", err)
+	}
+	slices.Sort(files)
+	latest := strings.TrimLeft(strings.SplitN(filepath.Base(files[len(files)-1]), "_", 2)[0], "0")
+	for _, page := range []string{"README.md", "docs/schema.md", "docs/operating.md"} {
+		for _, m := range regexp.MustCompile(`ships version ([0-9]+)`).FindAllStringSubmatch(readDoc(t, page), -1) {
+			if m[1] != latest {
+				t.Errorf("%s says %q; the latest migration is %s", page, m[0], latest)
+			}
+		}
+	}
+}
