@@ -48,26 +48,8 @@ func TestAtRisk(t *testing.T) {
 // reg, nil when it does not exist.
 func histogram(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Histogram {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			if len(m.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, l := range m.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue series
-				}
-			}
-			return m.GetHistogram()
-		}
+	if m := findSeries(t, reg, name, labels); m != nil {
+		return m.GetHistogram()
 	}
 	return nil
 }

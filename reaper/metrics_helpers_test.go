@@ -4,13 +4,14 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jobreaper/jobreaper/reaper"
 )
 
-// metricValue returns the value of the counter or gauge name with exactly
-// labels in reg, or 0 when no such series was written.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+// findSeries returns the series of metric name with exactly labels in
+// reg, nil when no such series was written.
+func findSeries(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
@@ -30,13 +31,24 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 					continue series
 				}
 			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
+			return m
 		}
 	}
-	return 0
+	return nil
+}
+
+// metricValue returns the value of the counter or gauge name with exactly
+// labels in reg, or 0 when no such series was written.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	m := findSeries(t, reg, name, labels)
+	if m == nil {
+		return 0
+	}
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return m.GetGauge().GetValue()
 }
 
 func TestMetricsExistAtZeroBeforeTheirFirstOccurrence(t *testing.T) {

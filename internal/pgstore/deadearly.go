@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/jobreaper/jobreaper/internal/pgcore"
 )
@@ -86,11 +85,7 @@ func (s *Store) ListDeadEarlyCandidates(ctx context.Context, p DeadEarlyCandidat
 	}
 	args := p.Rule.args()
 	args["queues"], args["limit"] = p.Queues, limit
-	args["after_updated_at"] = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	args["after_id"] = ""
-	if !p.After.UpdatedAt.IsZero() {
-		args["after_updated_at"], args["after_id"] = p.After.UpdatedAt, p.After.ID
-	}
+	p.After.args(args)
 	rows, err := s.core.DB().Query(ctx, s.core.Q(deadEarlyCandidatesSQL), args)
 	if err != nil {
 		return nil, done(err)

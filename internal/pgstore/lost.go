@@ -69,6 +69,16 @@ type LostCursor struct {
 	ID        string
 }
 
+// args sets the keyset arguments @after_updated_at and @after_id of the
+// (updated_at, id) pages that start after c (the start: '-infinity', "").
+func (c LostCursor) args(args pgx.NamedArgs) {
+	args["after_updated_at"] = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	args["after_id"] = ""
+	if !c.UpdatedAt.IsZero() {
+		args["after_updated_at"], args["after_id"] = c.UpdatedAt, c.ID
+	}
+}
+
 // ListLostCandidates returns PROCESSING jobs of p.Queues that are stalled
 // by StallPredicate on the database clock and whose ID is not in p.Active,
 // least recently updated first, after p.After, at most p.Limit: fewer
@@ -92,11 +102,7 @@ func (s *Store) ListLostCandidates(ctx context.Context, p LostCandidatesParams) 
 	}
 	args := p.Rule.args()
 	args["queues"], args["limit"] = p.Queues, limit
-	args["after_updated_at"] = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	args["after_id"] = ""
-	if !p.After.UpdatedAt.IsZero() {
-		args["after_updated_at"], args["after_id"] = p.After.UpdatedAt, p.After.ID
-	}
+	p.After.args(args)
 	var out []pgcore.Snapshot
 	for {
 		rows, _, err := pgcore.PinnedQuery(ctx, s.core.DB(), s.core.Q(lostCandidatesSQL), args)
