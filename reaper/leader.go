@@ -56,6 +56,11 @@ type LeaderLease struct {
 	seenAt  time.Time
 	drift   driftState
 	leading bool
+	// failWarned and failMsg are when the last failed attempt was logged
+	// at WARN and its error: while attempts keep failing with the same
+	// error, one WARN a minute, the rest at DEBUG.
+	failWarned time.Time
+	failMsg    string
 	// now is the clock of the drift log's repetition (time.Now; tests
 	// move it).
 	now func() time.Time
@@ -119,6 +124,10 @@ func (l *LeaderLease) age() time.Duration {
 	return l.seenAge + time.Since(l.seenAt)
 }
 
+// leaseFailRepeat is how often a leader lease attempt that keeps failing
+// with the same error is logged at WARN again.
+const leaseFailRepeat = time.Minute
+
 // Attempt takes or renews the leader lease once, compares the holder's
 // settings with this daemon's, and records the lease row's age. It returns
 // whether this daemon holds the leader lease. An error (PostgreSQL
@@ -132,12 +141,17 @@ func (l *LeaderLease) Attempt(ctx context.Context) bool {
 	defer l.mu.Unlock()
 	if err != nil {
 		if ctx.Err() == nil {
-			l.log.Warn("leader lease attempt failed; this replica runs no pass until one succeeds", "err", err)
+			level, now := slog.LevelDebug, l.now()
+			if msg := err.Error(); msg != l.failMsg || now.Sub(l.failWarned) >= leaseFailRepeat {
+				level, l.failMsg, l.failWarned = slog.LevelWarn, msg, now
+			}
+			l.log.Log(ctx, level, "leader lease attempt failed; this replica runs no pass until one succeeds", "err", err)
 		}
 		l.validUntil = time.Time{}
 		l.setLeading(false, st)
 		return false
 	}
+	l.failMsg = ""
 	if st.Held {
 		// The database's expiry is at least TTL after the attempt reached
 		// it; counting from before the attempt was sent keeps this host's
