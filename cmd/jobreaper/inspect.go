@@ -232,7 +232,7 @@ func (a *app) inspect(ctx context.Context, d *opsDeps, cfg config.Config, id str
 	case errors.Is(err, jobs.ErrNotFound):
 		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s not found in schema %q (check the ID and --schema)", idcheck.QuoteID(id), cfg.Schema)}
 	case errors.Is(err, jobs.ErrInvalidArgument) || errors.Is(err, jobs.ErrBadID):
-		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s cannot exist: %v", idcheck.QuoteID(id), err)}
+		return inspectDoc{}, &exitError{code: exitPassErrors, err: fmt.Errorf("job %s is outside what jobreaper reads or acts on: %v", idcheck.QuoteID(id), err)}
 	case err != nil:
 		return inspectDoc{}, cannotRun("reading job %s: %s", idcheck.QuoteID(id), oneLine(err.Error()))
 	}

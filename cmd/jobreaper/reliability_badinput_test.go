@@ -133,9 +133,9 @@ var badCLICases = []badCLICase{
 		[]string{"redis_url", "sentinel_password=xxxxx"}},
 
 	// Operator commands given job IDs no row can have, or that match no row.
-	{"InspectEmptyID", onDB("inspect", ""), exitPassErrors, []string{`job "" cannot exist`}},
-	{"InspectNulByte", onDB("inspect", "J\x00"), exitPassErrors, []string{`"J\x00" cannot exist`}},
-	{"InspectOverTheLengthLimit", onDB("inspect", strings.Repeat("j", jobs.MaxIDLength+1)), exitPassErrors, []string{"cannot exist", "over the limit of 1024"}},
+	{"InspectEmptyID", onDB("inspect", ""), exitPassErrors, []string{`job "" is outside what jobreaper reads or acts on`}},
+	{"InspectNulByte", onDB("inspect", "J\x00"), exitPassErrors, []string{`"J\x00" is outside what jobreaper reads or acts on`}},
+	{"InspectOverTheLengthLimit", onDB("inspect", strings.Repeat("j", jobs.MaxIDLength+1)), exitPassErrors, []string{"is outside what jobreaper reads or acts on", "over the limit of 1024"}},
 	{"InspectOddIDMatchingNoRow", onDB("inspect", `it's "quoted" {x}`), exitPassErrors, []string{`job "it's \"quoted\" {x}" not found`}},
 	{"InspectNonASCIIMatchingNoRow", onDB("inspect", "rapport-été-日本"), exitPassErrors, []string{`job "rapport-été-日本" not found`}},
 	{"CancelWithoutReason", onDB("cancel", "J-stalled"), exitCannotRun, []string{"cancel needs --reason"}},

@@ -18,11 +18,14 @@ import (
 const MaxIDLength = 1024
 
 // ErrBadID: a job ID that PostgreSQL cannot store in a text column (a NUL
-// byte, bytes that are not valid UTF-8), or one longer than MaxIDLength.
+// byte, bytes that are not valid UTF-8), or one longer than MaxIDLength
+// (which a jobs row may still hold, written by the product's own SQL: such
+// a job is outside what jobreaper acts on, and the message says so rather
+// than that the row cannot exist).
 // asynq accepts any string as a task ID, so another producer sharing the
 // Redis can enqueue such a task; jobreaper counts and skips it instead of
 // sending it to PostgreSQL, where it would fail the whole statement.
-var ErrBadID = errors.New("job ID cannot be stored by PostgreSQL")
+var ErrBadID = errors.New("not a job ID jobreaper accepts (empty, over 1,024 bytes, a NUL byte or invalid UTF-8)")
 
 // CheckID reports whether id can be a job ID: not empty, valid UTF-8 (the
 // encoding of a text column in a UTF8 database, which rejects anything else
