@@ -188,9 +188,14 @@ func connectRedis(ctx context.Context, cfg config.Config) (redis.UniversalClient
 		if hint := tlsHint(err, redisTLSSettings); hint != "" {
 			return nil, cannotRun("cannot connect to Redis at %s: %s; %s", redact.URL(cfg.RedisURL), reason, hint)
 		}
+		check := "check --redis-url (JOBREAPER_REDIS_URL) and that the server is up"
+		if strings.HasPrefix(cfg.RedisURL, "rediss://") && errors.Is(err, context.DeadlineExceeded) {
+			// A TLS client whose handshake a plaintext server never answers
+			// waits out the timeout: say so, since nothing else will.
+			check += "; with rediss:// a server that does not speak TLS never answers the handshake (use redis:// for a plaintext server)"
+		}
 		return nil, &exitError{code: exitCannotRun, err: redisDownError{fmt.Errorf(
-			"cannot connect to Redis at %s: %s; check --redis-url (JOBREAPER_REDIS_URL) and that the server is up",
-			redact.URL(cfg.RedisURL), reason)}}
+			"cannot connect to Redis at %s: %s; %s", redact.URL(cfg.RedisURL), reason, check)}}
 	}
 	return rdb, nil
 }
