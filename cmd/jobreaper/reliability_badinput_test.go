@@ -106,10 +106,6 @@ var badCLICases = []badCLICase{
 	{"QueueListedTwiceAfterTrimming", onDB("run", "--queues", " a, a"), exitCannotRun, []string{`queues item 2 "a" is listed twice`}},
 	{"QueueListedTwice", onDB("run", "--queues", "a,a"), exitCannotRun, []string{`queues item 2 "a" is listed twice`}},
 	{"EmptyQueueName", onDB("run", "--queues", "a,,b"), exitCannotRun, []string{"queues item 2 is empty"}},
-	// A TLS client to a plaintext Redis waits out the timeout: the error
-	// says why (the later --redis-url wins).
-	{"RedissToAPlaintextRedis", onDB("run", "--redis-url", "rediss://127.0.0.1:6379/0", "--op-timeout", "2s"), exitCannotRun,
-		[]string{"a server that does not speak TLS never answers the handshake"}},
 	{"UnknownLister", onDB("run", "--lister", "raw"), exitCannotRun, []string{`lister "raw" is not a lister`}},
 	{"MetricsAddressWithoutPort", onDB("run", "--metrics-addr", "localhost"), exitCannotRun, []string{`metrics_addr "localhost" is not host:port`}},
 	{"UnknownOutput", onDB("run", "--output", "xml"), exitCannotRun, []string{`--output "xml"`}},
