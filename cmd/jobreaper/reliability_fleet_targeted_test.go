@@ -230,6 +230,9 @@ func runFleetScenario(t *testing.T, s fleetScenario, tag string) []string {
 	var cluster *jobstest.Cluster
 	if s.cluster {
 		if !haveInitdb() {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s: initdb is not installed, so the test has no PostgreSQL of its own to restart", s.name)
+			}
 			t.Skipf("%s: initdb is not installed, so the test has no PostgreSQL of its own to restart", s.name)
 		}
 		cluster = jobstest.StartCluster(t)
