@@ -7,6 +7,7 @@ import (
 
 	"github.com/jobreaper/jobreaper/internal/limits"
 	"github.com/jobreaper/jobreaper/internal/pgstore"
+	"github.com/jobreaper/jobreaper/reaper"
 )
 
 // Overview is everything the page at / shows. A part that could not be
@@ -57,20 +58,8 @@ type Summary struct {
 	Interrupted    bool           `json:"interrupted"`
 }
 
-// Decision is one job of a pass record's lists (reaper.Decision's JSON).
-type Decision struct {
-	JobID               string  `json:"job_id"`
-	Type                string  `json:"type"`
-	Queue               string  `json:"queue"`
-	Decision            string  `json:"decision"`
-	Reason              string  `json:"reason"`
-	RuntimeSeconds      float64 `json:"runtime_seconds"`
-	IdleSeconds         float64 `json:"idle_seconds"`
-	MaxRuntimeSeconds   float64 `json:"max_runtime_seconds"`
-	StallTimeoutSeconds float64 `json:"stall_timeout_seconds"`
-	Generation          int64   `json:"generation"`
-	Worker              string  `json:"worker"`
-}
+// Decision is one job of a pass record's lists, as the reaper records it.
+type Decision = reaper.Decision
 
 // Reap is one reaped event and its evidence.
 type Reap struct {
